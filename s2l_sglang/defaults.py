@@ -1,0 +1,59 @@
+"""Default SGLang settings for the embedded model on a CPU host (torch-native attention).
+
+One table serves the in-process engine (`engine_kwargs`) and the HTTP server (`server_argv`),
+so `s2l serve`, `s2l demo` and the tests start SGLang the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from s2l_sglang import model
+
+# float32 by default on CPU: the embedded model is small, and in float32 a streamed prefill
+# gives output token-identical to a one-shot prefill (bfloat16 reduction order drifts).
+CPU_DEFAULTS: dict[str, Any] = {
+    "device": "cpu",
+    "attention_backend": "torch_native",
+    "disable_cuda_graph": True,
+    "disable_overlap_schedule": True,
+    "dtype": "float32",
+    "mem_fraction_static": 0.3,
+}
+
+
+def is_cpu_host() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def engine_kwargs(**overrides: Any) -> dict[str, Any]:
+    """Keyword arguments for `sglang.Engine`: the embedded model and, on a CPU host, CPU settings."""
+    kwargs: dict[str, Any] = {}
+    if "model_path" not in overrides:
+        kwargs["model_path"] = str(model.prepare())
+    if is_cpu_host():
+        kwargs.update(CPU_DEFAULTS)
+    kwargs.update(overrides)
+    return kwargs
+
+
+def server_argv(user_argv: list[str]) -> list[str]:
+    """`sglang.launch_server` arguments: the user's, plus each default the user did not set."""
+    given = {a.split("=", 1)[0].replace("_", "-") for a in user_argv if a.startswith("--")}
+    defaults: dict[str, Any] = {}
+    if "--model-path" not in given and "--model" not in given:
+        defaults["model_path"] = str(model.prepare())
+    if is_cpu_host():
+        defaults.update(CPU_DEFAULTS)
+    argv: list[str] = []
+    for key, value in defaults.items():
+        flag = "--" + key.replace("_", "-")
+        if flag in given:
+            continue
+        if value is True:
+            argv.append(flag)
+        else:
+            argv += [flag, str(value)]
+    return argv + user_argv

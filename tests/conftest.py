@@ -1,0 +1,76 @@
+"""Shared fixtures: a tiny random-weight Llama for unit tests, one real engine per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """A tiny random-weight Llama with a BPE tokenizer trained at test time (a folder path)."""
+    from tests.helpers import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """The real SGLang engine on CPU (embedded model, float32), started once per test session."""
+    import sglang as sgl
+
+    from s2l_sglang.defaults import engine_kwargs
+
+    eng = sgl.Engine(**engine_kwargs(log_level="error", max_total_tokens=16384))
+    yield eng
+    eng.shutdown()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server_url():
+    """`s2l serve` (SGLang's HTTP server with the plugin) on a free loopback port, once per session."""
+    import subprocess
+    import sys
+    import time
+
+    import requests
+
+    port = _free_port()
+    argv = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--max-total-tokens", "16384", "--log-level", "error"]
+    proc = subprocess.Popen(argv, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"s2l serve exited with {proc.returncode}")
+            try:
+                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("s2l serve did not become healthy in 300 s")
+            time.sleep(1)
+        yield url
+    finally:
+        import os
+        import signal
+
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)

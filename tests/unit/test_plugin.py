@@ -1,0 +1,77 @@
+"""The plugin is SGLang's only change point; on a CPU it makes rotary embeddings native."""
+
+from __future__ import annotations
+
+import math
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+from s2l_sglang import plugin
+from s2l_sglang.defaults import server_argv
+
+
+def test_plugin_is_registered_under_sglang_entry_point_group():
+    eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert eps.get("stream2llm") == "s2l_sglang.plugin:register"
+
+
+def test_every_hook_target_resolves_in_installed_sglang():
+    import pkgutil
+
+    assert plugin.hooks(), "a CPU host needs at least the rotary hook"
+    for target, fn, kind in plugin.hooks():
+        owner, attr = target.rsplit(".", 1)
+        assert hasattr(pkgutil.resolve_name(owner), attr), target
+        assert callable(fn) and kind in {"BEFORE", "AFTER", "AROUND", "REPLACE"}
+
+
+def _reference_neox_rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    dim = x.shape[-1]
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]
+    x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def test_rotary_embedding_builds_and_is_correct_on_cpu_only_through_the_hook():
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+
+    args = dict(
+        head_size=16,
+        rotary_dim=16,
+        max_position_embeddings=64,
+        base=10000,
+        is_neox_style=True,
+        dtype=torch.float32,
+    )
+    with pytest.raises(ImportError):  # the CUDA fallback kernel SGLang picks without the hook
+        RotaryEmbedding(**args)
+
+    original = RotaryEmbedding.__init__
+
+    def patched(self, **kw):
+        return plugin._native_rotary_on_cpu(original, self, **kw)
+
+    rope = RotaryEmbedding.__new__(RotaryEmbedding)
+    patched(rope, **args)
+    assert rope.use_fallback_kernel is False
+    positions = torch.arange(5)
+    q = torch.randn(5, 2 * 16)
+    k = torch.randn(5, 1 * 16)
+    q_out, k_out = rope.forward_native(positions, q.clone(), k.clone())
+    expected_q = _reference_neox_rope(q.view(5, 2, 16), positions, 10000.0).view(5, -1)
+    expected_k = _reference_neox_rope(k.view(5, 1, 16), positions, 10000.0).view(5, -1)
+    assert torch.allclose(q_out, expected_q, atol=1e-5)
+    assert torch.allclose(k_out, expected_k, atol=1e-5)
+    assert not math.isnan(float(q_out.sum()))
+
+
+def test_server_argv_adds_cpu_defaults_but_user_flags_win():
+    argv = server_argv(["--model-path", "/m", "--dtype", "bfloat16", "--port=31000"])
+    assert argv.count("--dtype") == 1 and argv[argv.index("--dtype") + 1] == "bfloat16"
+    assert "--attention-backend" in argv and "torch_native" in argv
+    assert argv.count("--model-path") == 1
+    assert "--port=31000" in argv
