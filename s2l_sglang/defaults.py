@@ -22,6 +22,10 @@ CPU_DEFAULTS: dict[str, Any] = {
 }
 
 
+# Streams are SGLang streaming sessions: the server must have them enabled.
+STREAM_DEFAULTS: dict[str, Any] = {"enable_streaming_session": True}
+
+
 def is_cpu_host() -> bool:
     import torch
 
@@ -33,6 +37,7 @@ def engine_kwargs(**overrides: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if "model_path" not in overrides:
         kwargs["model_path"] = str(model.prepare())
+    kwargs.update(STREAM_DEFAULTS)
     if is_cpu_host():
         kwargs.update(CPU_DEFAULTS)
     kwargs.update(overrides)
@@ -45,6 +50,7 @@ def server_argv(user_argv: list[str]) -> list[str]:
     defaults: dict[str, Any] = {}
     if "--model-path" not in given and "--model" not in given:
         defaults["model_path"] = str(model.prepare())
+    defaults.update(STREAM_DEFAULTS)
     if is_cpu_host():
         defaults.update(CPU_DEFAULTS)
     argv: list[str] = []

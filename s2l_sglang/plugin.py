@@ -44,13 +44,71 @@ def _native_rotary_on_cpu(original: Callable, self, *args, **kwargs):
         rotary_base._is_cpu = saved
 
 
+_SCHEDULER_DISPATCHER = "sglang.srt.managers.scheduler.Scheduler.init_request_dispatcher"
+_SESSION_CREATE_REQ = "sglang.srt.session.session_controller.Session.create_req"
+
+_scheduler = None  # the scheduler of this process (set when it builds its dispatcher)
+
+
+def current_scheduler():
+    """The SGLang `Scheduler` of this process (None outside a scheduler process)."""
+    return _scheduler
+
+
+def _remember_scheduler(result, self, *args, **kwargs):
+    """AFTER `Scheduler.init_request_dispatcher`: keep a handle on the scheduler."""
+    global _scheduler
+    _scheduler = self
+    return result
+
+
+def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **kwargs):
+    """AROUND `Session.create_req` for the turns of our streams (rids from `stream.rid`).
+
+    1. A turn with `session_params.replace` rolls the streaming session back to
+       `session_params.offset` tokens (update mode; radix_ext frees the stale KV), then goes on
+       as a plain streaming append. SGLang's streaming sessions reject replace/offset.
+    2. SGLang strips a leading BOS id from every appended session turn (turns are usually
+       tokenized with special tokens); our turns carry exact token ids, so nothing is stripped.
+    """
+    from s2l_sglang.stream.rid import stream_of
+
+    if not (self.streaming and stream_of(req.rid) is not None):
+        return original(self, req, tokenizer, *args, **kwargs)
+    params = req.session_params
+    failure = None
+    if params is not None and params.replace:
+        from sglang.srt.managers.io_struct import SessionParams
+
+        from radix_ext import rollback_streaming_session
+
+        try:
+            rollback_streaming_session(self, _scheduler.tree_cache, params.offset or 0)
+        except Exception as exc:  # never take the scheduler down: abort this turn only
+            logger.exception("stream rollback failed for %s", req.rid)
+            failure = f"stream rollback failed: {exc}"
+        req.session_params = SessionParams(id=params.id)
+    new_req = original(self, req, None, *args, **kwargs)  # None: no BOS strip
+    new_req.tokenizer = tokenizer
+    if failure is not None and new_req.to_finish is None:
+        new_req.set_finish_with_abort(failure)
+    return new_req
+
+
+def _stream_hooks() -> list[tuple[str, Callable, str]]:
+    return [
+        (_SCHEDULER_DISPATCHER, _remember_scheduler, "AFTER"),
+        (_SESSION_CREATE_REQ, _stream_turn_create_req, "AROUND"),
+    ]
+
+
 def _cpu_hooks() -> list[tuple[str, Callable, str]]:
     return [(_ROTARY_INIT, _native_rotary_on_cpu, "AROUND")]
 
 
 def hooks() -> list[tuple[str, Callable, str]]:
     """Every hook this plugin installs: (target, function, hook type name)."""
-    found: list[tuple[str, Callable, str]] = []
+    found = _stream_hooks()
     if _cpu_without_sgl_kernel():
         found += _cpu_hooks()
     return found

@@ -19,12 +19,15 @@ def tiny_llama(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def engine():
-    """The real SGLang engine on CPU (embedded model, float32), started once per test session."""
-    import sglang as sgl
+    """The real SGLang engine on CPU (embedded model, float32) with streams, once per session.
 
-    from s2l_sglang.defaults import engine_kwargs
+    SGLang's strict idle memory check is on: a leaked KV slot fails the engine.
+    """
+    os.environ["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"
+    from s2l_sglang.stream.engine import StreamEngine
 
-    eng = sgl.Engine(**engine_kwargs(log_level="error", max_total_tokens=16384))
+    eng = StreamEngine(idle_timeout=3.0, log_level="error", max_total_tokens=16384)
+    eng.generate("warm up", {"max_new_tokens": 1})
     yield eng
     eng.shutdown()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_embedded_model_answers_capital_of_france(engine):
-    tok = engine.tokenizer_manager.tokenizer
+    tok = engine.tokenizer
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
         tokenize=False,

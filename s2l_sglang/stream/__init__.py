@@ -1,0 +1,23 @@
+"""Streaming-context requests: one stream id from the first chunk to the last output token."""
+
+from s2l_sglang.stream.errors import (
+    ContextTooLong,
+    DuplicateStream,
+    EmptyChunk,
+    StreamClosed,
+    StreamError,
+    UnknownStream,
+)
+from s2l_sglang.stream.tokens import TurnPlan, lcp, plan_turn
+
+__all__ = [
+    "ContextTooLong",
+    "DuplicateStream",
+    "EmptyChunk",
+    "StreamClosed",
+    "StreamError",
+    "TurnPlan",
+    "UnknownStream",
+    "lcp",
+    "plan_turn",
+]

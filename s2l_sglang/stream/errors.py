@@ -1,0 +1,41 @@
+"""Typed stream errors; each carries an HTTP status for the HTTP routes."""
+
+from __future__ import annotations
+
+
+class StreamError(Exception):
+    """A request about a stream that cannot be served; nothing else is affected."""
+
+    status: int = 400
+    code: str = "stream_error"
+
+    def __init__(self, message: str, stream_id: str | None = None):
+        super().__init__(message)
+        self.stream_id = stream_id
+
+    def to_dict(self) -> dict:
+        return {"error": {"code": self.code, "message": str(self), "stream_id": self.stream_id}}
+
+
+class UnknownStream(StreamError):
+    status, code = 404, "unknown_stream"
+
+
+class DuplicateStream(StreamError):
+    status, code = 409, "duplicate_stream"
+
+
+class StreamClosed(StreamError):
+    """The stream was finished or aborted: no more chunks, updates or finish."""
+
+    status, code = 409, "stream_closed"
+
+
+class EmptyChunk(StreamError):
+    status, code = 400, "empty_chunk"
+
+
+class ContextTooLong(StreamError):
+    """The context outgrew the model's length; the stream is aborted and its KV freed."""
+
+    status, code = 413, "context_too_long"

@@ -1,0 +1,363 @@
+"""The stream manager: stream lifecycle on top of SGLang's tokenizer manager (async, one loop).
+
+Lives in the process that owns SGLang's `TokenizerManager` (the in-process engine or the HTTP
+server). A stream is a streaming session of SGLang's scheduler; each engine turn is a request of
+that session, sent over SGLang's own tokenizer-manager -> scheduler ZMQ path:
+
+    open    -> open_session(streaming=True)   (+ a prefill turn for the first chunk, if any)
+    append  -> text grows; a prefill-only turn (max_new_tokens=0) sends the new tokens
+    update  -> text replaced; the turn rolls the session back to the longest common prefix
+               (radix_ext, through the plugin's Session.create_req hook) and sends the rest
+    finish  -> the final turn, with the user's sampling parameters: output streams back
+    abort   -> abort the turn in flight, close the session (its KV is freed)
+
+One turn per stream is in flight at a time; chunks that arrive meanwhile only update the text,
+and the next turn sends all of them at once (queued and merged). The session keeps the KV
+between turns (it is not evictable by LRU while the stream lives).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from s2l_sglang.stream.errors import (
+    ContextTooLong,
+    DuplicateStream,
+    EmptyChunk,
+    StreamClosed,
+    StreamError,
+    UnknownStream,
+)
+from s2l_sglang.stream.rid import final_rid, turn_rid
+from s2l_sglang.stream.tokens import TurnPlan, plan_turn
+
+PREFILL_ONLY = {"max_new_tokens": 0}
+
+
+@dataclass
+class StreamCounters:
+    chunks: int = 0
+    turns: int = 0
+    prefilled: int = 0  # prompt tokens computed by the engine
+    reused: int = 0  # prompt tokens served from KV already held or cached
+    invalidated: int = 0  # held tokens dropped by rollbacks (update, token re-alignment)
+
+    def add(self, other: StreamCounters) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass
+class Stream:
+    """One stream as the manager sees it. `held` mirrors the tokens whose KV the session holds."""
+
+    sid: str
+    sampling_params: dict[str, Any]
+    opened_at: float
+    text: str = ""
+    ids: list[int] = field(default_factory=list)  # tokenization of `text`
+    held: list[int] = field(default_factory=list)
+    last_chunk_at: float = 0.0
+    last_activity: float = 0.0
+    pump: asyncio.Task | None = None
+    inflight_rid: str | None = None
+    finishing: bool = False
+    closed: bool = False
+    error: StreamError | None = None
+    counters: StreamCounters = field(default_factory=StreamCounters)
+
+    @property
+    def complete(self) -> bool:
+        return self.finishing
+
+
+class StreamManager:
+    """Stream lifecycle over one SGLang `TokenizerManager` (all methods run on its event loop)."""
+
+    def __init__(
+        self,
+        tokenizer_manager: Any,
+        *,
+        page_size: int = 1,
+        idle_timeout: float | None = 60.0,
+        max_chunk_chars: int = 1 << 20,
+    ):
+        self.tm = tokenizer_manager
+        self.tokenizer = tokenizer_manager.tokenizer
+        self.context_len = int(tokenizer_manager.context_len)
+        self.page_size = page_size
+        self.idle_timeout = idle_timeout
+        self.max_chunk_chars = max_chunk_chars
+        self.streams: dict[str, Stream] = {}
+        self._ended: OrderedDict[str, str] = OrderedDict()  # sid -> "finished" | "aborted: ..."
+        self.totals = StreamCounters()
+        self._reaper: asyncio.Task | None = None
+
+    # ---- public API -------------------------------------------------------------------------
+
+    async def open(
+        self, sid: str, sampling_params: dict[str, Any] | None = None, text: str = ""
+    ) -> dict:
+        """Open a stream; `text` is an optional first chunk. Returns the stream's status."""
+        if not isinstance(sid, str) or not sid or "::" in sid:
+            raise StreamError(f"invalid stream id {sid!r}", sid)
+        self._check_chunk(sid, text)
+        if sid in self.streams or sid in self._ended:
+            raise DuplicateStream(f"stream {sid!r} already exists", sid)
+        self._ensure_reaper()
+        from sglang.srt.managers.io_struct import OpenSessionReqInput
+
+        result = await self.tm.open_session(
+            OpenSessionReqInput(capacity_of_str_len=1 << 30, session_id=sid, streaming=True)
+        )
+        if result is None:  # a session of that id is being opened concurrently
+            raise DuplicateStream(f"stream {sid!r} already exists", sid)
+        now = time.monotonic()
+        stream = Stream(sid, dict(sampling_params or {}), now, last_activity=now)
+        self.streams[sid] = stream
+        if text:
+            await self._set_text(stream, text, mode="append")
+        return self.status(sid)
+
+    async def append(self, sid: str, text: str) -> dict:
+        """Add `text` at the end of the stream's context; returns at once (prefill goes on)."""
+        stream = self._live(sid)
+        self._check_chunk(sid, text)
+        if not text:
+            raise EmptyChunk("empty chunk: append needs text", sid)
+        await self._set_text(stream, stream.text + text, mode="append")
+        return self.status(sid)
+
+    async def update(self, sid: str, text: str) -> dict:
+        """Replace the stream's whole context by a refined `text`."""
+        stream = self._live(sid)
+        self._check_chunk(sid, text)
+        if not text:
+            raise EmptyChunk("empty chunk: update needs the refined context", sid)
+        await self._set_text(stream, text, mode="update")
+        return self.status(sid)
+
+    async def finish(
+        self, sid: str, text: str = "", sampling_params: dict[str, Any] | None = None
+    ) -> AsyncIterator[dict]:
+        """Close the context (with an optional last chunk) and stream the output.
+
+        Yields SGLang's output dicts under the stream id; the last one's `meta_info["stream"]`
+        holds `ttft_s` (finish to first output token), `unprefilled_at_finish` and the counters.
+        """
+        stream = self._live(sid)
+        self._check_chunk(sid, text)
+        t_finish = time.perf_counter()
+        if text:
+            await self._set_text(stream, stream.text + text, mode="append", start_pump=False)
+        stream.finishing = True
+        return self._generate(stream, t_finish, sampling_params)
+
+    async def abort(self, sid: str, reason: str = "aborted by client") -> None:
+        """Abort a stream: the turn in flight is aborted and the session's KV freed."""
+        stream = self.streams.get(sid)
+        if stream is None:
+            self._raise_missing(sid)
+        await self._close(stream, f"aborted: {reason}")
+
+    def status(self, sid: str) -> dict:
+        stream = self.streams.get(sid)
+        if stream is None:
+            self._raise_missing(sid)
+        return {
+            "stream_id": sid,
+            "context_tokens": len(stream.ids),
+            "held_tokens": len(stream.held),
+            "complete": stream.complete,
+            **stream.counters.as_dict(),
+        }
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _live(self, sid: str) -> Stream:
+        stream = self.streams.get(sid)
+        if stream is None:
+            self._raise_missing(sid)
+        if stream.error is not None:
+            raise stream.error
+        if stream.finishing:
+            raise StreamClosed(f"stream {sid!r} is finished: no more chunks", sid)
+        stream.last_activity = time.monotonic()
+        return stream
+
+    def _raise_missing(self, sid: str):
+        if sid in self._ended:
+            raise StreamClosed(f"stream {sid!r} has ended ({self._ended[sid]})", sid)
+        raise UnknownStream(f"unknown stream {sid!r}", sid)
+
+    def _check_chunk(self, sid: str, text: Any) -> None:
+        if not isinstance(text, str):
+            raise StreamError(f"a chunk must be a string, not {type(text).__name__}", sid)
+        if len(text) > self.max_chunk_chars:
+            raise StreamError(f"chunk larger than {self.max_chunk_chars} characters", sid)
+
+    async def _set_text(self, stream: Stream, text: str, mode: str, start_pump: bool = True):
+        ids = self._tokenize(text)
+        if len(ids) >= self.context_len:
+            await self._close(stream, "context too long")
+            raise ContextTooLong(
+                f"context of {len(ids)} tokens exceeds the model's {self.context_len - 1}; "
+                "stream aborted",
+                stream.sid,
+            )
+        stream.text, stream.ids = text, ids
+        stream.counters.chunks += 1
+        stream.last_chunk_at = time.monotonic()
+        if start_pump and (stream.pump is None or stream.pump.done()):
+            stream.pump = asyncio.ensure_future(self._pump(stream))
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def _pump(self, stream: Stream) -> None:
+        """Prefill turns until the held tokens match the latest text (or the stream finishes)."""
+        try:
+            while not stream.closed and not stream.finishing:
+                plan = plan_turn(stream.held, stream.ids, self.page_size)
+                if plan is None:
+                    return
+                await self._turn(
+                    stream, plan, PREFILL_ONLY, turn_rid(stream.sid, stream.counters.turns)
+                )
+        except StreamError as exc:
+            stream.error = exc
+        except asyncio.CancelledError:
+            raise
+
+    async def _turn(
+        self, stream: Stream, plan: TurnPlan, sampling_params: dict, rid: str, sink=None
+    ) -> dict:
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        session_params: dict[str, Any] = {"id": stream.sid}
+        if plan.rollback:
+            session_params.update(replace=True, offset=plan.keep)
+        obj = GenerateReqInput(
+            input_ids=plan.delta,
+            sampling_params=sampling_params,
+            rid=rid,
+            session_params=session_params,
+            stream=sink is not None,
+        )
+        target = stream.held[: plan.keep] + plan.delta
+        stream.inflight_rid = rid
+        stream.counters.turns += 1
+        out: dict = {}
+        try:
+            async for out in self.tm.generate_request(obj, None):
+                if sink is not None:
+                    await sink(out)
+        except ValueError as exc:  # SGLang's validation errors (e.g. too long)
+            raise StreamError(str(exc), stream.sid) from exc
+        finally:
+            stream.inflight_rid = None
+        meta = out.get("meta_info", {})
+        reason = meta.get("finish_reason") or {}
+        if reason.get("type") == "abort":
+            raise StreamError(f"turn aborted: {reason.get('message', '')}", stream.sid)
+        invalidated = len(stream.held) - plan.keep
+        stream.held = target
+        prompt, cached = meta.get("prompt_tokens", len(target)), meta.get("cached_tokens", 0)
+        delta = StreamCounters(prefilled=prompt - cached, reused=cached, invalidated=invalidated)
+        stream.counters.add(delta)
+        self.totals.add(delta)
+        return out
+
+    async def _generate(
+        self, stream: Stream, t_finish: float, sampling_params: dict | None
+    ) -> AsyncIterator[dict]:
+        params = dict(stream.sampling_params)
+        params.update(sampling_params or {})
+        try:
+            if stream.pump is not None:
+                await stream.pump  # the turn in flight; the pump stops after it
+            if stream.error is not None:
+                raise stream.error
+            if not stream.ids:
+                raise EmptyChunk("cannot finish a stream with an empty context", stream.sid)
+            plan = plan_turn(stream.held, stream.ids, self.page_size, need_input=True)
+            unprefilled = len(plan.delta)
+            queue: asyncio.Queue = asyncio.Queue()
+            first: list[float] = []
+
+            async def sink(out: dict) -> None:
+                if not first and out.get("output_ids"):
+                    first.append(time.perf_counter() - t_finish)
+                await queue.put(out)
+
+            turn = asyncio.ensure_future(
+                self._turn(stream, plan, params, final_rid(stream.sid), sink=sink)
+            )
+            last: dict = {}
+            while not (turn.done() and queue.empty()):
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, turn}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    last = self._as_stream_output(stream, getter.result())
+                    if not (turn.done() and queue.empty()):
+                        yield last
+                else:
+                    getter.cancel()
+            turn.result()  # re-raise a failed final turn
+            last = dict(last)
+            last.setdefault("meta_info", {})["stream"] = {
+                "ttft_s": first[0] if first else time.perf_counter() - t_finish,
+                "unprefilled_at_finish": unprefilled,
+                **stream.counters.as_dict(),
+            }
+            yield last
+            await self._close(stream, "finished")
+        except BaseException:
+            if not stream.closed:
+                await self._close(stream, "aborted: finish failed")
+            raise
+
+    @staticmethod
+    def _as_stream_output(stream: Stream, out: dict) -> dict:
+        out = dict(out)
+        meta = dict(out.get("meta_info", {}))
+        meta["id"] = stream.sid
+        out["meta_info"] = meta
+        return out
+
+    async def _close(self, stream: Stream, reason: str) -> None:
+        if stream.closed:
+            return
+        stream.closed = True
+        self.streams.pop(stream.sid, None)
+        self._ended[stream.sid] = reason
+        while len(self._ended) > 100_000:
+            self._ended.popitem(last=False)
+        if stream.inflight_rid is not None:
+            self.tm.abort_request(rid=stream.inflight_rid)
+        from sglang.srt.managers.io_struct import CloseSessionReqInput
+
+        # Closing with a turn in flight is deferred by SGLang until that turn ends.
+        await self.tm.close_session(CloseSessionReqInput(session_id=stream.sid))
+
+    def _ensure_reaper(self) -> None:
+        if self.idle_timeout is None or (self._reaper is not None and not self._reaper.done()):
+            return
+        self._reaper = asyncio.ensure_future(self._reap_idle())
+
+    async def _reap_idle(self) -> None:
+        """Abort streams whose client went quiet for `idle_timeout` seconds (KV freed)."""
+        while True:
+            await asyncio.sleep(min(1.0, self.idle_timeout / 4))
+            now = time.monotonic()
+            for stream in list(self.streams.values()):
+                if not stream.finishing and now - stream.last_activity > self.idle_timeout:
+                    await self._close(stream, f"aborted: idle for {self.idle_timeout:g} s")
