@@ -1,0 +1,165 @@
+"""Preemption cost model: measured latency of recompute and of swap, per token count.
+
+Each curve is piecewise linear through measured (tokens, seconds) points, extended linearly past
+both ends with the end segments' slopes (never below 0). Profiles are saved as JSON under a key
+(model, device, dtype, tp_size, page_size), since the numbers hold only for that setup; a
+`ProfileStore` finds the one for the running setup in a directory, or None.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import statistics
+from bisect import bisect_right
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Literal
+
+Choice = Literal["recompute", "swap"]
+_FORMAT = 1
+
+
+class PiecewiseLinear:
+    """y(x) through >= 2 points with distinct x, linear extrapolation outside them."""
+
+    __slots__ = ("xs", "ys")
+
+    def __init__(self, points: Iterable[tuple[float, float]]) -> None:
+        pts = sorted((float(x), float(y)) for x, y in points)
+        if len(pts) < 2:
+            raise ValueError("need at least two points")
+        xs = [x for x, _ in pts]
+        if any(a == b for a, b in pairwise(xs)):
+            raise ValueError("duplicate x; use PiecewiseLinear.fit for repeated samples")
+        self.xs = xs
+        self.ys = [y for _, y in pts]
+
+    @classmethod
+    def fit(cls, samples: Iterable[tuple[float, float]]) -> PiecewiseLinear:
+        """From raw (tokens, seconds) timing samples: the median of the repeats of each x."""
+        by_x: dict[float, list[float]] = {}
+        for x, y in samples:
+            by_x.setdefault(float(x), []).append(float(y))
+        return cls((x, statistics.median(ys)) for x, ys in by_x.items())
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        i = bisect_right(xs, x)
+        i = min(max(i, 1), len(xs) - 1)  # segment [i-1, i]; the end segments extrapolate
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+    def points(self) -> list[list[float]]:
+        return [[x, y] for x, y in zip(self.xs, self.ys, strict=True)]
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileKey:
+    """The setup a profile was measured on; a profile is used only on an equal key."""
+
+    model: str
+    device: str
+    dtype: str
+    tp_size: int = 1
+    page_size: int = 1
+
+    def filename(self) -> str:
+        """A readable file name unique to the key (a hash of the whole key ends it), e.g.
+        `SmolLM2-135M__cpu__float32__tp1__page1__3f9a1c2b.json`."""
+        parts = [self.model.rstrip("/").rsplit("/", 1)[-1], self.device, self.dtype]
+        slug = "__".join(re.sub(r"[^A-Za-z0-9._-]+", "-", p) for p in parts)
+        digest = hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+        return f"{slug}__tp{self.tp_size}__page{self.page_size}__{digest[:8]}.json"
+
+
+class CostModel:
+    """Latency of preempting a victim that holds `cached_tokens` of KV, two ways:
+    `recompute(n)`: prefill n tokens again later (the KV is just freed now);
+    `swap(n)`: copy n tokens of KV to host and back (swap-out + swap-in).
+    `choose(n)` picks the cheaper for THAT victim's own cached tokens (ties: recompute, which
+    needs no host memory)."""
+
+    __slots__ = ("key", "recompute", "swap")
+
+    def __init__(
+        self, recompute: PiecewiseLinear, swap: PiecewiseLinear, key: ProfileKey | None = None
+    ) -> None:
+        self.recompute = recompute
+        self.swap = swap
+        self.key = key
+
+    @classmethod
+    def fit(
+        cls,
+        recompute: Iterable[tuple[float, float]],
+        swap: Iterable[tuple[float, float]],
+        key: ProfileKey | None = None,
+    ) -> CostModel:
+        """From raw (tokens, seconds) samples of each operation, repeats allowed."""
+        return cls(PiecewiseLinear.fit(recompute), PiecewiseLinear.fit(swap), key)
+
+    def choose(self, cached_tokens: int) -> Choice:
+        return "recompute" if self.recompute(cached_tokens) <= self.swap(cached_tokens) else "swap"
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "key": None if self.key is None else asdict(self.key),
+                "recompute": self.recompute.points(),
+                "swap": self.swap.points(),
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> CostModel:
+        d = json.loads(text)
+        if not isinstance(d, dict) or d.get("format") != _FORMAT:
+            raise ValueError(f"not a cost-model profile of format {_FORMAT}")
+        key = None if d.get("key") is None else ProfileKey(**d["key"])
+        rc = PiecewiseLinear(map(tuple, d["recompute"]))
+        sw = PiecewiseLinear(map(tuple, d["swap"]))
+        return cls(rc, sw, key)
+
+
+class ProfileStore:
+    """Saved cost-model profiles, one JSON file per key, in one directory."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    def save(self, model: CostModel) -> Path:
+        if model.key is None:
+            raise ValueError("a profile needs a key to be saved")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / model.key.filename()
+        path.write_text(model.to_json())
+        return path
+
+    def find(self, key: ProfileKey) -> CostModel | None:
+        """The profile whose key equals `key` (any file name), or None."""
+        if not self.directory.is_dir():
+            return None
+        preferred = self.directory / key.filename()
+        paths = sorted(self.directory.glob("*.json"))
+        if preferred in paths:  # the usual name first, then any other file
+            paths.remove(preferred)
+            paths.insert(0, preferred)
+        for path in paths:
+            try:
+                model = CostModel.from_json(path.read_text())
+            except (OSError, ValueError, KeyError, TypeError):  # not a profile: skip it
+                continue
+            if model.key == key:
+                return model
+        return None
+
+
+def find_profile(directory: str | Path, key: ProfileKey) -> CostModel | None:
+    """Shorthand for `ProfileStore(directory).find(key)`."""
+    return ProfileStore(directory).find(key)
