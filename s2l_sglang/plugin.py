@@ -95,10 +95,23 @@ def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **k
     return new_req
 
 
+_HTTP_LAUNCH = "sglang.srt.entrypoints.http_server.launch_server"
+
+
+def _install_stream_routes(*args, **kwargs):
+    """BEFORE `http_server.launch_server`: add the /stream routes to SGLang's FastAPI app."""
+    from sglang.srt.entrypoints import http_server
+
+    from s2l_sglang.server.routes import install_routes
+
+    install_routes(http_server.app)
+
+
 def _stream_hooks() -> list[tuple[str, Callable, str]]:
     return [
         (_SCHEDULER_DISPATCHER, _remember_scheduler, "AFTER"),
         (_SESSION_CREATE_REQ, _stream_turn_create_req, "AROUND"),
+        (_HTTP_LAUNCH, _install_stream_routes, "BEFORE"),
     ]
 
 

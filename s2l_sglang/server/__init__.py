@@ -1,0 +1,1 @@
+"""HTTP routes for streams on SGLang's own FastAPI server (installed by the plugin)."""

@@ -1,0 +1,229 @@
+"""Stream routes on SGLang's HTTP server (FastAPI app of `sglang.srt.entrypoints.http_server`).
+
+    POST /stream/open     {"stream_id"?, "sampling_params"?, "text"?}     -> stream status
+    POST /stream/append   {"stream_id", "text"}                            -> stream status
+    POST /stream/update   {"stream_id", "text" | "documents": [str, ...]}  -> stream status
+    POST /stream/finish   {"stream_id", "text"?, "sampling_params"?, "stream"?: true}
+                          -> server-sent events in /generate's format (data: {...} ... [DONE]),
+                             or one JSON object with "stream": false
+    POST /stream/abort    {"stream_id"}
+    GET  /stream/{id}     stream status
+    POST /stream          one connection per stream: newline-delimited JSON commands in a
+                          streamed request body ({"op": "open"|"append"|"update"|"finish", ...}),
+                          answered by the finish's server-sent events
+
+Errors: {"error": {"code", "message", "stream_id"}} with a 4xx status. SGLang's `--api-key`
+middleware covers these routes like its own. A client that disconnects while its output streams
+has its stream aborted (KV freed).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from s2l_sglang.stream.errors import StreamError
+
+MAX_BODY_BYTES = int(os.environ.get("S2L_MAX_BODY_BYTES", str(8 << 20)))
+_manager = None
+
+
+def stream_manager():
+    """The server process's StreamManager (built on first use over SGLang's tokenizer manager)."""
+    global _manager
+    if _manager is None:
+        from sglang.srt.entrypoints.http_server import get_global_state
+
+        from s2l_sglang.stream.manager import StreamManager
+
+        tm = get_global_state().tokenizer_manager
+        timeout = float(os.environ.get("S2L_STREAM_IDLE_TIMEOUT", "60"))
+        _manager = StreamManager(
+            tm, page_size=tm.server_args.page_size or 1, idle_timeout=timeout or None
+        )
+    return _manager
+
+
+class BadRequest(StreamError):
+    status, code = 400, "bad_request"
+
+
+class PayloadTooLarge(StreamError):
+    status, code = 413, "payload_too_large"
+
+
+def _error_response(exc: StreamError) -> Response:
+    return Response(
+        orjson.dumps(exc.to_dict()), status_code=exc.status, media_type="application/json"
+    )
+
+
+def _json_response(obj: Any) -> Response:
+    return Response(orjson.dumps(obj), media_type="application/json")
+
+
+def _parse(raw: bytes) -> dict:
+    if len(raw) > MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _field(body: dict, name: str, kind: type | tuple, required: bool = True, default=None):
+    value = body.get(name, default)
+    if value is None:
+        if required:
+            raise BadRequest(f"missing field {name!r}", body.get("stream_id"))
+        return default
+    if not isinstance(value, kind) or (kind is str and isinstance(value, bool)):
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise BadRequest(f"field {name!r} must be {names}", body.get("stream_id"))
+    return value
+
+
+def _update_text(body: dict) -> str:
+    if "documents" in body:
+        docs = _field(body, "documents", list)
+        if not all(isinstance(d, str) for d in docs):
+            raise BadRequest("field 'documents' must be a list of strings", body.get("stream_id"))
+        return "\n\n".join(docs)
+    return _field(body, "text", str)
+
+
+async def _sse(outputs: AsyncIterator[dict], on_disconnect) -> AsyncIterator[bytes]:
+    try:
+        async for out in outputs:
+            yield b"data: " + orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n\n"
+    except StreamError as exc:
+        yield b"data: " + orjson.dumps(exc.to_dict()) + b"\n\n"
+    except BaseException:
+        await on_disconnect()
+        raise
+    yield b"data: [DONE]\n\n"
+
+
+async def _dispatch(op: str, body: dict) -> Any:
+    """Run one stream command; returns a status dict, or an async iterator for finish."""
+    mgr = stream_manager()
+    if op == "open":
+        sid = _field(body, "stream_id", str, required=False) or uuid.uuid4().hex
+        params = _field(body, "sampling_params", dict, required=False, default={})
+        return await mgr.open(sid, params, _field(body, "text", str, required=False, default=""))
+    sid = _field(body, "stream_id", str)
+    if op == "append":
+        return await mgr.append(sid, _field(body, "text", str))
+    if op == "update":
+        return await mgr.update(sid, _update_text(body))
+    if op == "finish":
+        text = _field(body, "text", str, required=False, default="")
+        params = _field(body, "sampling_params", dict, required=False)
+        return await mgr.finish(sid, text, params)
+    if op == "abort":
+        await mgr.abort(sid)
+        return {"stream_id": sid, "aborted": True}
+    raise BadRequest(f"unknown op {op!r}", sid)
+
+
+def install_routes(app: Any) -> None:
+    """Add the stream routes to SGLang's FastAPI `app` (idempotent)."""
+    if getattr(app.state, "s2l_routes", False):
+        return
+    app.state.s2l_routes = True
+
+    async def command(op: str, request: Request):
+        try:
+            body = _parse(await request.body())
+            result = await _dispatch(op, body)
+        except StreamError as exc:
+            return _error_response(exc)
+        if op != "finish":
+            return _json_response(result)
+        sid = body["stream_id"]
+
+        async def abort_on_disconnect() -> None:
+            if sid in stream_manager().streams:
+                await stream_manager().abort(sid, "client disconnected")
+
+        if body.get("stream", True) is False:
+            last: dict = {}
+            try:
+                async for out in result:
+                    last = out
+            except StreamError as exc:
+                return _error_response(exc)
+            return _json_response(last)
+        return StreamingResponse(_sse(result, abort_on_disconnect), media_type="text/event-stream")
+
+    for op in ("open", "append", "update", "finish", "abort"):
+
+        async def route(request: Request, _op: str = op):
+            return await command(_op, request)
+
+        app.add_api_route(f"/stream/{op}", route, methods=["POST"], name=f"s2l_stream_{op}")
+
+    async def status(stream_id: str):
+        try:
+            return _json_response(stream_manager().status(stream_id))
+        except StreamError as exc:
+            return _error_response(exc)
+
+    app.add_api_route("/stream/{stream_id}", status, methods=["GET"], name="s2l_stream_status")
+
+    async def one_connection(request: Request):
+        """NDJSON commands in a streamed body; answered by the finish's events."""
+        mgr = stream_manager()
+        sid: str | None = None
+        buffer = b""
+        try:
+            async for piece in request.stream():
+                buffer += piece
+                if len(buffer) > MAX_BODY_BYTES:
+                    raise PayloadTooLarge(f"a line over {MAX_BODY_BYTES} bytes")
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    body = _parse(line)
+                    op = _field(body, "op", str)
+                    if op == "open":
+                        if sid is not None:
+                            raise BadRequest("the stream is already open", sid)
+                        sid = (await _dispatch("open", body))["stream_id"]
+                        continue
+                    if sid is None:
+                        raise BadRequest("the first command must be open")
+                    body["stream_id"] = sid
+                    result = await _dispatch(op, body)
+                    if op == "finish":
+
+                        async def abort_on_disconnect(_sid: str = sid) -> None:
+                            if _sid in mgr.streams:
+                                await mgr.abort(_sid, "client disconnected")
+
+                        return StreamingResponse(
+                            _sse(result, abort_on_disconnect), media_type="text/event-stream"
+                        )
+            raise BadRequest("the body ended without a finish command", sid)
+        except StreamError as exc:
+            if sid is not None and sid in mgr.streams:
+                await mgr.abort(sid, f"bad command: {exc}")
+            if exc.stream_id is None:
+                exc.stream_id = sid
+            return _error_response(exc)
+        except BaseException:
+            if sid is not None and sid in mgr.streams:
+                await mgr.abort(sid, "client disconnected")
+            raise
+
+    app.add_api_route("/stream", one_connection, methods=["POST"], name="s2l_stream_connection")
