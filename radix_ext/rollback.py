@@ -9,10 +9,11 @@ between turns. Index ranges of that row, with N committed tokens and a kept pref
                                or merely unheld (published part, which other requests may share)
 
 Two cases, as in SGLang's own session code:
-- K >= cache_protected_len: only private KV is stale. Lower the session's committed lengths and
+- K > cache_protected_len: only private KV is stale. Lower the session's committed lengths and
   the slot's `kv_committed_len` to K; the stock `StreamingSession.try_match_prefix` then frees
   `[K, allocated)` before the next turn writes its new suffix into the same row.
-- K < cache_protected_len (or K == 0: a row must keep some KV): the rollback reaches into the published prefix. Release the slot
+- K <= cache_protected_len (a next turn matches at most K - 1 tokens of the row, and SGLang
+  asserts a session's match never shrinks below its published prefix): the rollback reaches into the published prefix. Release the slot
   (`release_session` frees the private tail and drops the tree lock); the next turn re-matches
   `[0, K)` from the tree and takes a new slot. Tree nodes stay for whoever shares them and are
   otherwise ordinary LRU entries.
@@ -56,11 +57,9 @@ def rollback_streaming_session(session: Any, cache: Any, keep_len: int) -> Rollb
     freed = 0
     released = False
     if slot is not None and slot.kv.holds_kv:
-        if keep > 0 and keep >= slot.kv.cache_protected_len:
+        if keep > slot.kv.cache_protected_len:
             freed = max(0, slot.kv.kv_allocated_len - keep)
-            slot.kv.kv_committed_len = min(slot.kv.kv_committed_len, keep)
             # Free now rather than at the next match, so the pool sees it at once.
-            slot.kv.kv_allocated_len = max(keep, slot.kv.kv_allocated_len)
             _free_tail(cache, slot.kv, keep)
         else:
             freed = max(0, slot.kv.kv_allocated_len - slot.kv.cache_protected_len)

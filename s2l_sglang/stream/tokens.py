@@ -38,15 +38,15 @@ def plan_turn(
 ) -> TurnPlan | None:
     """Plan the turn that takes the engine from `held` tokens to `new` tokens.
 
-    Returns None when there is nothing to send (`new == held` and no input is needed). With
-    `need_input` (the final turn, which must carry at least one token to sample from), at least
-    the last token is recomputed.
+    Returns None when there is nothing to send (`new == held`, unless `need_input`). Every turn
+    carries at least one token (SGLang recomputes the last prompt token of a turn anyway), so a
+    context cut back to a prefix of what is held recomputes its last token; the final turn
+    (`need_input`) always does.
     """
     keep = lcp(held, new)
-    if need_input:
-        keep = min(keep, len(new) - 1)
+    if keep == len(held) == len(new) and not need_input:
+        return None
+    keep = min(keep, len(new) - 1)
     if page_size > 1:
         keep -= keep % page_size
-    if keep == len(held) == len(new):
-        return None
     return TurnPlan(keep, list(new[keep:]), keep < len(held))
