@@ -40,9 +40,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+API_KEY = "s2l-test-key"
+
+
+class Server:
+    def __init__(self, url: str, api_key: str):
+        self.url, self.api_key = url, api_key
+        self.headers = {"Authorization": f"Bearer {api_key}"}
+
+
+@pytest.fixture(scope="session")
+def server(server_url):
+    """The test server's URL and API key (every request needs `headers`)."""
+    return Server(server_url, API_KEY)
+
+
 @pytest.fixture(scope="session")
 def server_url():
-    """`s2l serve` (SGLang's HTTP server with the plugin) on a free loopback port, once per session."""
+    """`s2l serve` (SGLang's HTTP server with the plugin) on a free loopback port, once per session.
+
+    Started with `--api-key API_KEY` and a 3 s stream idle timeout.
+    """
     import subprocess
     import sys
     import time
@@ -52,7 +70,11 @@ def server_url():
     port = _free_port()
     argv = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--max-total-tokens", "16384", "--log-level", "error"]
-    proc = subprocess.Popen(argv, start_new_session=True)
+    argv += ["--api-key", API_KEY]
+    env = dict(
+        os.environ, S2L_STREAM_IDLE_TIMEOUT="3", SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1"
+    )
+    proc = subprocess.Popen(argv, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     try:
@@ -60,7 +82,8 @@ def server_url():
             if proc.poll() is not None:
                 raise RuntimeError(f"s2l serve exited with {proc.returncode}")
             try:
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                headers = {"Authorization": f"Bearer {API_KEY}"}
+                if requests.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
                     break
             except requests.RequestException:
                 pass
@@ -69,7 +92,6 @@ def server_url():
             time.sleep(1)
         yield url
     finally:
-        import os
         import signal
 
         try:

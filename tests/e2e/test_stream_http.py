@@ -1,0 +1,167 @@
+"""Stream routes over real HTTP against the real engine: output, SSE format, bad input."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+import requests
+
+GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+CONTEXT = (
+    "The Rhine is a European river that begins in the Swiss canton of Graubunden and flows "
+    "through Switzerland, Liechtenstein, Austria, Germany, France and the Netherlands. "
+)
+QUESTION = "\nQuestion: Where does the Rhine begin?\nAnswer:"
+
+
+def post(server, route: str, body=None, raw: bytes | None = None, headers=None, **kw):
+    data = raw if raw is not None else orjson.dumps(body)
+    hdrs = dict(server.headers if headers is None else headers)
+    hdrs["Content-Type"] = "application/json"
+    return requests.post(f"{server.url}{route}", data=data, headers=hdrs, timeout=120, **kw)
+
+
+def sse_events(resp) -> list:
+    events = []
+    for line in resp.iter_lines():
+        if line.startswith(b"data: "):
+            payload = line[len(b"data: ") :]
+            events.append(payload if payload == b"[DONE]" else orjson.loads(payload))
+    return events
+
+
+def reference_ids(server, text: str) -> list[int]:
+    body = {"text": text, "sampling_params": GREEDY}
+    resp = post(server, "/generate", body)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["output_ids"]
+
+
+def test_append_and_update_over_http_equal_non_streaming(server):
+    assert (
+        post(
+            server,
+            "/stream/open",
+            {"stream_id": "h-append", "sampling_params": GREEDY, "text": CONTEXT[:40]},
+        ).status_code
+        == 200
+    )
+    assert post(server, "/stream/append", {"stream_id": "h-append", "text": CONTEXT[40:]}).ok
+    resp = post(server, "/stream/finish", {"stream_id": "h-append", "text": QUESTION}, stream=True)
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(resp)
+    assert events[-1] == b"[DONE]"
+    final = events[-2]
+    assert final["meta_info"]["id"] == "h-append" and "ttft_s" in final["meta_info"]["stream"]
+    assert final["output_ids"] == reference_ids(server, CONTEXT + QUESTION)
+
+    post(
+        server,
+        "/stream/open",
+        {
+            "stream_id": "h-update",
+            "sampling_params": GREEDY,
+            "text": "An unrelated first draft. " + CONTEXT,
+        },
+    )
+    assert post(
+        server, "/stream/update", {"stream_id": "h-update", "documents": [CONTEXT, "Second doc."]}
+    ).ok
+    out = post(
+        server, "/stream/finish", {"stream_id": "h-update", "text": QUESTION, "stream": False}
+    ).json()
+    assert out["output_ids"] == reference_ids(server, CONTEXT + "\n\nSecond doc." + QUESTION)
+    assert out["meta_info"]["stream"]["invalidated"] > 0
+
+
+def test_one_connection_ndjson_stream(server):
+    lines = [
+        {"op": "open", "sampling_params": GREEDY},
+        {"op": "append", "text": CONTEXT[:70]},
+        {"op": "append", "text": CONTEXT[70:]},
+        {"op": "finish", "text": QUESTION},
+    ]
+
+    def body():
+        for line in lines:
+            yield orjson.dumps(line) + b"\n"
+            time.sleep(0.2)
+
+    resp = post(server, "/stream", raw=body(), stream=True)  # chunked request body
+    events = sse_events(resp)
+    assert events[-1] == b"[DONE]"
+    assert events[-2]["output_ids"] == reference_ids(server, CONTEXT + QUESTION)
+
+
+@pytest.mark.parametrize(
+    ("route", "raw", "status", "code"),
+    [
+        ("/stream/append", b"{not json", 400, "bad_request"),
+        ("/stream/append", b"[1, 2]", 400, "bad_request"),
+        ("/stream/append", b'{"stream_id": "x", "text": 5}', 400, "bad_request"),
+        ("/stream/append", b'{"text": "no id"}', 400, "bad_request"),
+        ("/stream/append", b'{"stream_id": "nope", "text": "hi"}', 404, "unknown_stream"),
+        ("/stream/finish", b'{"stream_id": "nope"}', 404, "unknown_stream"),
+        ("/stream/abort", b'{"stream_id": "nope"}', 404, "unknown_stream"),
+        ("/stream/update", b'{"stream_id": "x", "documents": [1]}', 400, "bad_request"),
+    ],
+)
+def test_bad_requests_get_4xx_json_errors(server, route, raw, status, code):
+    resp = post(server, route, raw=raw)
+    assert resp.status_code == status, resp.text
+    assert resp.json()["error"]["code"] == code
+
+
+def test_stream_state_errors_and_others_keep_going(server):
+    post(server, "/stream/open", {"stream_id": "h-bad", "sampling_params": GREEDY, "text": "Hi."})
+    dup = post(server, "/stream/open", {"stream_id": "h-bad"})
+    assert dup.status_code == 409 and dup.json()["error"]["code"] == "duplicate_stream"
+    empty = post(server, "/stream/append", {"stream_id": "h-bad", "text": ""})
+    assert empty.status_code == 400 and empty.json()["error"]["code"] == "empty_chunk"
+    big = post(server, "/stream/append", {"stream_id": "h-bad", "text": "word " * 9000})
+    assert big.status_code == 413 and big.json()["error"]["code"] == "context_too_long"
+    after = post(server, "/stream/append", {"stream_id": "h-bad", "text": "more"})
+    assert after.status_code == 409 and after.json()["error"]["code"] == "stream_closed"
+    oversize = post(
+        server, "/stream/append", raw=b'{"stream_id": "h-bad", "text": "' + b"a" * (9 << 20) + b'"}'
+    )
+    assert oversize.status_code == 413
+    # the server keeps serving other streams
+    post(server, "/stream/open", {"stream_id": "h-ok", "sampling_params": GREEDY, "text": CONTEXT})
+    out = post(server, "/stream/finish", {"stream_id": "h-ok", "text": QUESTION, "stream": False})
+    assert out.status_code == 200 and out.json()["output_ids"]
+    status = requests.get(f"{server.url}/stream/h-ok", headers=server.headers, timeout=30)
+    assert status.status_code == 409
+
+
+def test_api_key_is_required_on_stream_routes(server):
+    body = {"stream_id": "h-auth", "text": "x"}
+    assert post(server, "/stream/open", body, headers={}).status_code == 401
+    wrong = {"Authorization": "Bearer wrong"}
+    assert post(server, "/stream/open", body, headers=wrong).status_code == 401
+    missing = requests.get(f"{server.url}/stream/h-auth", timeout=30)
+    assert missing.status_code == 401
+
+
+def test_client_disconnect_during_output_aborts_the_stream(server):
+    long = dict(GREEDY, max_new_tokens=400)
+    post(server, "/stream/open", {"stream_id": "h-gone", "sampling_params": long, "text": CONTEXT})
+    resp = post(server, "/stream/finish", {"stream_id": "h-gone", "text": QUESTION}, stream=True)
+    next(resp.iter_lines())  # first event arrives, then the client goes away
+    resp.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = requests.get(f"{server.url}/stream/h-gone", headers=server.headers, timeout=30)
+        if status.status_code == 409:
+            break
+        time.sleep(0.5)
+    assert status.status_code == 409
+
+
+def test_idle_stream_times_out_over_http(server):
+    post(server, "/stream/open", {"stream_id": "h-idle", "text": "Hello."})
+    time.sleep(3 + 2.5)
+    resp = post(server, "/stream/append", {"stream_id": "h-idle", "text": "late"})
+    assert resp.status_code == 409 and "idle" in resp.json()["error"]["message"]
