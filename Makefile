@@ -6,14 +6,18 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.s2l-installed
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: venv model demo test test-unit lint format clean
+.PHONY: venv model demo test test-unit lint format clean workloads
+
+workloads: venv  ## regenerate both workload traces (seeded) into datasets/
+	$(PY) -m bench.workloads.ann --out datasets/ann/traces.jsonl.xz
+	$(PY) -m bench.workloads.crawler --out datasets/crawler/traces.jsonl
 
 venv: $(STAMP)
 
-$(STAMP): requirements-cpu.txt requirements-nodeps.txt pyproject.toml
+$(STAMP): requirements-cpu.txt requirements-workloads.txt requirements-nodeps.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing the CPU set into $(VENV) (first time: several minutes)"
-	$(PIP) -r requirements-cpu.txt
+	$(PIP) -r requirements-cpu.txt -r requirements-workloads.txt
 	$(PIP) --no-deps -r requirements-nodeps.txt
 	$(PIP) --no-deps -e .
 	@touch $(STAMP)
