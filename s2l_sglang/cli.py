@@ -11,10 +11,34 @@ import argparse
 import os
 import sys
 
+_SERVE_OPTIONS = {
+    "--stream-policy": "S2L_STREAM_POLICY",
+    "--stream-idle-timeout": "S2L_STREAM_IDLE_TIMEOUT",
+}
+
+
+def _take_serve_options(rest: list[str]) -> list[str]:
+    """Move our own serve options into the environment SGLang's processes inherit."""
+    from s2l_sglang.sched.policy import get_policy
+
+    out: list[str] = []
+    it = iter(rest)
+    for arg in it:
+        name, eq, value = arg.partition("=")
+        if name in _SERVE_OPTIONS:
+            value = value if eq else next(it, "")
+            if name == "--stream-policy":
+                get_policy(value)
+            os.environ[_SERVE_OPTIONS[name]] = value
+        else:
+            out.append(arg)
+    return out
+
 
 def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
     from s2l_sglang.defaults import server_argv
 
+    rest = _take_serve_options(rest)
     argv = [sys.executable, "-m", "sglang.launch_server", *server_argv(rest)]
     print("+ " + " ".join(argv[1:]), file=sys.stderr, flush=True)
     os.execv(sys.executable, argv)
@@ -48,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run SGLang's HTTP server (sglang.launch_server) with the stream2llm plugin. "
         "Defaults: the embedded model and, on a CPU host, torch-native attention in float32. "
         "Every other argument is passed to SGLang unchanged (see `python -m "
-        "sglang.launch_server --help`); an argument you give overrides the default.",
+        "sglang.launch_server --help`); an argument you give overrides the default. "
+        "Own options: --stream-policy {default,fcfs,lcas,mcps} (scheduling of streams) and "
+        "--stream-idle-timeout SECONDS (abort streams whose client went quiet; default 60).",
     )
     serve.set_defaults(func=_cmd_serve)
 

@@ -75,6 +75,7 @@ def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **k
 
     if not (self.streaming and stream_of(req.rid) is not None):
         return original(self, req, tokenizer, *args, **kwargs)
+    stream_scheduling().on_turn(req.rid)
     params = req.session_params
     failure = None
     if params is not None and params.replace:
@@ -96,6 +97,36 @@ def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **k
 
 
 _HTTP_LAUNCH = "sglang.srt.entrypoints.http_server.launch_server"
+_CALC_PRIORITY = "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority"
+_NEW_PREFILL = "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill"
+
+_stream_sched = None
+
+
+def stream_scheduling():
+    """This scheduler process's `StreamScheduling` (policy, stream table, counters)."""
+    global _stream_sched
+    if _stream_sched is None:
+        from s2l_sglang.sched.engine_hooks import StreamScheduling
+
+        _stream_sched = StreamScheduling()
+    return _stream_sched
+
+
+def _order_by_stream_policy(original: Callable, self, waiting_queue, *args, **kwargs):
+    """AROUND `SchedulePolicy.calc_priority`: SGLang's order, then the stream policy's."""
+    result = original(self, waiting_queue, *args, **kwargs)
+    if _scheduler is not None and waiting_queue is _scheduler.waiting_queue:
+        stream_scheduling().order_waiting(_scheduler)
+    return result
+
+
+def _relieve_kv_pressure(self, *args, **kwargs):
+    """BEFORE `Scheduler.get_new_batch_prefill`: preempt idle streams when the plan needs KV."""
+    try:
+        stream_scheduling().relieve_kv_pressure(self)
+    except Exception:  # never take the scheduler down
+        logger.exception("stream KV-pressure relief failed")
 
 
 def _install_stream_routes(*args, **kwargs):
@@ -112,6 +143,8 @@ def _stream_hooks() -> list[tuple[str, Callable, str]]:
         (_SCHEDULER_DISPATCHER, _remember_scheduler, "AFTER"),
         (_SESSION_CREATE_REQ, _stream_turn_create_req, "AROUND"),
         (_HTTP_LAUNCH, _install_stream_routes, "BEFORE"),
+        (_CALC_PRIORITY, _order_by_stream_policy, "AROUND"),
+        (_NEW_PREFILL, _relieve_kv_pressure, "BEFORE"),
     ]
 
 

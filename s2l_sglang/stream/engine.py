@@ -18,10 +18,24 @@ from s2l_sglang.stream.manager import StreamManager
 class StreamEngine:
     """An SGLang engine (embedded model and CPU defaults unless overridden) plus streams."""
 
-    def __init__(self, idle_timeout: float | None = 60.0, **engine_kwargs: Any):
+    def __init__(
+        self,
+        idle_timeout: float | None = 60.0,
+        stream_policy: str | None = None,
+        **engine_kwargs: Any,
+    ):
+        """`stream_policy`: the scheduler's stream policy (`default`, `fcfs`, `lcas`, `mcps`;
+        default: env `S2L_STREAM_POLICY`, else `default`). Other arguments go to `sgl.Engine`."""
+        import os
+
         import sglang as sgl
 
         from s2l_sglang.defaults import engine_kwargs as default_kwargs
+        from s2l_sglang.sched.policy import get_policy
+
+        if stream_policy is not None:
+            get_policy(stream_policy)  # a clear error for an unknown name
+            os.environ["S2L_STREAM_POLICY"] = stream_policy  # read by the scheduler process
 
         self.engine = sgl.Engine(**default_kwargs(**engine_kwargs))
         tm = self.engine.tokenizer_manager

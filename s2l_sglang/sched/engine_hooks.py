@@ -1,0 +1,200 @@
+"""Streaming-aware scheduling inside SGLang's scheduler (called from the plugin's hooks).
+
+Per scheduling step, before SGLang builds a prefill batch:
+1. snapshot: one `ReqView` per waiting request and per idle stream (a stream whose session holds
+   KV and has no turn in flight);
+2. plan: the pure `plan()` orders them by the selected policy and computes the KV shortfall of
+   what it would run under the token budget and the free KV (free + evictable);
+3. acquire: where the plan does not fit, preempt the plan's victims (lowest priority first:
+   idle streams, and waiting turns of streams that have not yet borrowed their KV) by recompute: release the victim's session slot (private KV freed,
+   its published prefix becomes ordinary LRU cache). The stream's next turn re-matches whatever
+   the radix tree still holds and recomputes the rest; its tokens, and so its output, are
+   unchanged.
+The waiting queue is also reordered by the policy (after SGLang's own `calc_priority`).
+
+Policy: env `S2L_STREAM_POLICY` (`default` keeps SGLang's order; `fcfs`, `lcas`, `mcps`),
+set by `s2l serve --stream-policy` or `StreamEngine(stream_policy=...)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from s2l_sglang.sched.planner import choose_victims, plan
+from s2l_sglang.sched.policy import get_policy
+from s2l_sglang.sched.snapshot import ReqView
+from s2l_sglang.stream.rid import MARK, stream_of
+
+logger = logging.getLogger(__name__)
+
+_CLIP_MAX_NEW = 4096  # SGLang's CLIP_MAX_NEW_TOKENS default: the output budget it reserves
+
+
+@dataclass
+class StreamInfo:
+    opened: float
+    last_chunk: float
+    complete: bool = False
+
+
+@dataclass
+class SchedCounters:
+    preemptions_recompute: int = 0
+    preemptions_swap: int = 0
+    tokens_preempted: int = 0  # KV tokens released by preemption (recomputed or re-matched later)
+    plan_calls: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class StreamScheduling:
+    """Scheduler-side view of the streams (one per scheduler process)."""
+
+    policy_name: str = field(default_factory=lambda: os.environ.get("S2L_STREAM_POLICY", "default"))
+    streams: dict[str, StreamInfo] = field(default_factory=dict)
+    counters: SchedCounters = field(default_factory=SchedCounters)
+
+    def __post_init__(self) -> None:
+        self.policy = get_policy(self.policy_name)
+
+    # ---- events from the plugin's hooks -----------------------------------------------------
+
+    def on_turn(self, rid: str) -> None:
+        """A turn of a stream arrived at the scheduler (its last chunk's arrival)."""
+        sid = stream_of(rid)
+        now = time.monotonic()
+        info = self.streams.get(sid)
+        if info is None:
+            info = self.streams[sid] = StreamInfo(opened=now, last_chunk=now)
+        info.last_chunk = now
+        info.complete = rid.endswith(MARK + "-final")
+
+    # ---- snapshot ---------------------------------------------------------------------------
+
+    def _held(self, cache: Any, sid: str | None) -> tuple[int, int]:
+        """(committed, allocated) KV tokens the stream's session slot holds."""
+        slot = cache.session.slots.get(sid) if sid is not None else None
+        if slot is None or not slot.kv.holds_kv:
+            return 0, 0
+        return slot.kv.kv_committed_len, slot.kv.kv_allocated_len
+
+    def snapshot(self, scheduler: Any) -> list[ReqView]:
+        cache = scheduler.tree_cache
+        views: list[ReqView] = []
+        now = time.monotonic()
+        for req in scheduler.waiting_queue:
+            sid = stream_of(req.rid)
+            info = self.streams.get(sid) if sid is not None else None
+            computed, allocated = self._held(cache, sid)
+            slot = cache.session.slots.get(sid) if sid is not None else None
+            # A waiting turn that has not borrowed its slot yet can be preempted like an idle
+            # stream (its next admission re-matches from the tree); one that has, cannot.
+            preemptible = slot is not None and allocated > 0 and req.kv is not slot.kv
+            views.append(
+                ReqView(
+                    rid=req.rid,
+                    is_stream=info is not None,
+                    complete=info.complete if info is not None else True,
+                    arrival=info.opened if info is not None else now,
+                    last_chunk=info.last_chunk if info is not None else now,
+                    computed=computed,
+                    # KV its admission needs: SGLang admits a request only if its whole
+                    # extend plus its (clipped) output budget fits.
+                    pending=max(1, len(req.origin_input_ids) - computed)
+                    + min(req.sampling_params.max_new_tokens or 0, _CLIP_MAX_NEW),
+                    state="waiting",
+                    decoding=False,
+                    evictable_kv=allocated if preemptible else 0,
+                )
+            )
+        for sid, slot in cache.session.slots.items():
+            info = self.streams.get(sid)
+            session = scheduler.session_controller.get(sid)
+            if info is None or session is None or session._inflight or not slot.kv.holds_kv:
+                continue
+            views.append(
+                ReqView(
+                    rid=sid,
+                    is_stream=True,
+                    complete=info.complete,
+                    arrival=info.opened,
+                    last_chunk=info.last_chunk,
+                    computed=slot.kv.kv_committed_len,
+                    pending=0,
+                    state="idle",
+                    decoding=False,
+                    evictable_kv=slot.kv.kv_allocated_len,
+                )
+            )
+        return views
+
+    # ---- ordering and acquisition -----------------------------------------------------------
+
+    def order_waiting(self, scheduler: Any) -> None:
+        """Reorder SGLang's waiting queue by the policy (no-op for `default`)."""
+        if self.policy_name == "default" or len(scheduler.waiting_queue) < 2:
+            return
+        by_rid = {req.rid: req for req in scheduler.waiting_queue}
+        views = [v for v in self.snapshot(scheduler) if v.state == "waiting"]
+        order = [v.rid for v in self.policy.order(views)]
+        scheduler.waiting_queue[:] = [by_rid[rid] for rid in order if rid in by_rid]
+
+    def relieve_kv_pressure(self, scheduler: Any) -> list[str]:
+        """Preempt idle streams the plan did not pick until the planned prefill fits."""
+        if not (scheduler.waiting_queue or scheduler.chunked_req) or not (
+            scheduler.tree_cache.session.slots
+        ):
+            return []
+        views = self.snapshot(scheduler)
+        if os.environ.get("S2L_DEBUG_SCHED"):
+            import sys
+
+            free = scheduler.token_to_kv_pool_allocator.available_size()
+            print("S2L", free, scheduler.tree_cache.evictable_size(), views, file=sys.stderr)
+        if not any(v.evictable_kv for v in views):
+            return []
+        free_kv = (
+            scheduler.token_to_kv_pool_allocator.available_size()
+            + scheduler.tree_cache.evictable_size()
+        )
+        chunked = scheduler.chunked_req
+        if chunked is not None:  # mid-prefill: its next chunk comes first
+            chunk = scheduler.chunked_prefill_size or 0
+            left = len(chunked.full_untruncated_fill_ids) - (
+                chunked.kv.kv_allocated_len if chunked.kv.holds_kv else 0
+            )
+            free_kv -= max(0, min(left, chunk))
+        # The budget is the next admission SGLang will try: the policy's first waiting request.
+        order = self.policy.order(views)
+        first = next((v for v in order if v.state == "waiting"), None)
+        if first is None:
+            return []
+        self.counters.plan_calls += 1
+        step = plan(views, self.policy, token_budget=first.pending, free_kv=max(0, free_kv))
+        if step.kv_shortfall <= 0:
+            return []
+        victims = choose_victims(step, views, step.kv_shortfall)
+        by_rid = {v.rid: v for v in views}
+        released = []
+        for rid in victims:
+            view = by_rid[rid]
+            sid = rid if view.state == "idle" else stream_of(rid)
+            if not view.evictable_kv or sid not in scheduler.tree_cache.session.slots:
+                continue
+            scheduler.tree_cache.release_session(sid)
+            self.counters.preemptions_recompute += 1
+            self.counters.tokens_preempted += view.evictable_kv
+            released.append(sid)
+        if released:
+            logger.info(
+                "KV pressure (short %d tokens): preempted streams %s by recompute",
+                step.kv_shortfall,
+                released,
+            )
+        return released
