@@ -232,10 +232,9 @@ class StreamManager:
                 await self._turn(
                     stream, plan, PREFILL_ONLY, turn_rid(stream.sid, stream.counters.turns)
                 )
-        except StreamError as exc:
+        except StreamError as exc:  # a failed turn ends the stream: its KV is freed at once
             stream.error = exc
-        except asyncio.CancelledError:
-            raise
+            await self._close(stream, f"aborted: {exc}")
 
     async def _turn(
         self, stream: Stream, plan: TurnPlan, sampling_params: dict, rid: str, sink=None
