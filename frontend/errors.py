@@ -1,0 +1,134 @@
+"""Typed errors of the stream API as a client sees them, keyed by the server's error code.
+
+The server answers a failed stream command with `{"error": {"code", "message", "stream_id"}}`
+and a 4xx status (`s2l_sglang/server/routes.py`), or, once a finish's events have started, with
+an event `data: {"error": {...}}`. SGLang's `--api-key` middleware answers 401 with
+`{"error": "Unauthorized"}`. Each code maps to one subclass of `StreamAPIError`; an unknown code
+gives the base class with the code kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class StreamAPIError(Exception):
+    """A stream command the server refused; `code`, `status` and `stream_id` say why and where."""
+
+    code: str = "stream_error"
+    status: int | None = 400
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        status: int | None = None,
+        stream_id: str | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        self.stream_id = stream_id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, code={self.code!r}, status={self.status})"
+
+
+class UnknownStream(StreamAPIError):
+    code, status = "unknown_stream", 404
+
+
+class StreamClosed(StreamAPIError):
+    """The stream was finished or aborted (by the client, an idle timeout or a failure)."""
+
+    code, status = "stream_closed", 409
+
+
+class DuplicateStream(StreamAPIError):
+    code, status = "duplicate_stream", 409
+
+
+class EmptyChunk(StreamAPIError):
+    code, status = "empty_chunk", 400
+
+
+class ContextTooLong(StreamAPIError):
+    """The context outgrew the model; the server aborted the stream and freed its KV."""
+
+    code, status = "context_too_long", 413
+
+
+class BadRequest(StreamAPIError):
+    code, status = "bad_request", 400
+
+
+class PayloadTooLarge(StreamAPIError):
+    code, status = "payload_too_large", 413
+
+
+class Unauthorized(StreamAPIError):
+    """401: a missing or wrong API key (SGLang's `--api-key`)."""
+
+    code, status = "unauthorized", 401
+
+
+ERRORS: dict[str, type[StreamAPIError]] = {
+    cls.code: cls
+    for cls in (
+        UnknownStream,
+        StreamClosed,
+        DuplicateStream,
+        EmptyChunk,
+        ContextTooLong,
+        BadRequest,
+        PayloadTooLarge,
+        Unauthorized,
+    )
+}
+
+
+def error_from_payload(
+    payload: Any, status: int | None = None, stream_id: str | None = None
+) -> StreamAPIError:
+    """The typed error for a decoded error body (or an error event's data)."""
+    err = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(err, dict):
+        code = str(err.get("code") or "stream_error")
+        message = str(err.get("message") or code)
+        stream_id = err.get("stream_id") or stream_id
+    elif status == 401:
+        code, message = "unauthorized", str(err or "Unauthorized")
+    else:
+        code = f"http_{status}" if status else "stream_error"
+        message = str(err or payload)
+    cls = ERRORS.get(code, StreamAPIError)
+    return cls(message, code=code, status=status, stream_id=stream_id)
+
+
+def error_from_response(status: int, body: bytes, stream_id: str | None = None) -> StreamAPIError:
+    """The typed error for a non-2xx response with raw `body`."""
+    try:
+        payload = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        payload = body.decode("utf-8", "replace")
+    if status == 401 and not isinstance(payload, dict):
+        payload = {"error": payload or "Unauthorized"}
+    return error_from_payload(payload, status, stream_id)
+
+
+def error_from_stream_error(exc: Exception) -> StreamAPIError:
+    """The client-side error for an in-process engine's `s2l_sglang.stream.StreamError`."""
+    code = getattr(exc, "code", "stream_error")
+    cls = ERRORS.get(code, StreamAPIError)
+    return cls(
+        str(exc),
+        code=code,
+        status=getattr(exc, "status", None),
+        stream_id=getattr(exc, "stream_id", None),
+    )
