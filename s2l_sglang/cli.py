@@ -62,6 +62,12 @@ def _cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
     return demo_main(args)
 
 
+def _cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    from s2l_sglang.cli_bench import main as bench_main
+
+    return bench_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="s2l", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_demo_arguments(demo)
     demo.set_defaults(func=_cmd_demo)
+
+    from s2l_sglang.cli_bench import add_arguments as add_bench_arguments
+
+    bench = sub.add_parser(
+        "bench",
+        help="replay workload traces: streaming vs non-streaming vs SGLang's own options",
+        description="Replay workload traces at Poisson rates against the in-process engine "
+        "or an HTTP server; write results.json, results.md and PNG plots.",
+    )
+    add_bench_arguments(bench)
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 

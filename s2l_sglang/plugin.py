@@ -148,8 +148,88 @@ def _stream_hooks() -> list[tuple[str, Callable, str]]:
     ]
 
 
+_SDPA_EXTEND = (
+    "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend."
+    "_run_sdpa_forward_extend"
+)
+
+
+def _extend_attention_over_new_tokens(
+    original: Callable,
+    self,
+    query,
+    output,
+    k_cache,
+    v_cache,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    extend_prefix_lens,
+    extend_seq_lens,
+    encoder_lens=None,
+    scaling=None,
+    enable_gqa=False,
+    causal=False,
+    is_cross_attn=False,
+    sliding_window_size=None,
+):
+    """AROUND the torch-native backend's extend attention: queries of the new tokens only.
+
+    SGLang's version pads each request's queries to the whole sequence (cached prefix
+    included) and runs a square causal attention, so prefilling E new tokens after a cached
+    prefix of P costs O((P+E)^2): a cached prefix saves almost nothing. Here the E queries attend
+    to the P+E keys under an offset causal mask (query i sees keys j <= P+i): O(E*(P+E)), the
+    same result. Cases other than plain causal self-attention go to SGLang's version.
+    """
+    import torch
+    from torch.nn.functional import scaled_dot_product_attention
+
+    if (
+        not causal
+        or encoder_lens is not None
+        or is_cross_attn
+        or (sliding_window_size is not None and sliding_window_size > -1)
+    ):
+        return original(
+            self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+            extend_prefix_lens, extend_seq_lens, encoder_lens, scaling=scaling,
+            enable_gqa=enable_gqa, causal=causal, is_cross_attn=is_cross_attn,
+            sliding_window_size=sliding_window_size,
+        )  # fmt: skip
+    heads_first = query.movedim(0, query.dim() - 2)  # [heads, tokens, dim]
+    start = 0
+    for i in range(seq_lens.shape[0]):
+        new, cached, total = int(extend_seq_lens[i]), int(extend_prefix_lens[i]), int(seq_lens[i])
+        q = heads_first[:, start : start + new, :]
+        tokens = req_to_token[req_pool_indices[i], :total]
+        k = k_cache[tokens].movedim(0, query.dim() - 2)
+        v = v_cache[tokens].movedim(0, query.dim() - 2)
+        if k.dtype != q.dtype:
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        if cached == 0:
+            mask, is_causal = None, True
+        else:
+            mask = torch.ones(new, total, dtype=torch.bool, device=q.device).tril(diagonal=cached)
+            is_causal = False
+        out = scaled_dot_product_attention(
+            q.unsqueeze(0),
+            k.unsqueeze(0),
+            v.unsqueeze(0),
+            attn_mask=mask,
+            enable_gqa=enable_gqa,
+            scale=scaling,
+            is_causal=is_causal,
+        )
+        output[start : start + new] = out.squeeze(0).movedim(query.dim() - 2, 0)
+        start += new
+    return output
+
+
 def _cpu_hooks() -> list[tuple[str, Callable, str]]:
-    return [(_ROTARY_INIT, _native_rotary_on_cpu, "AROUND")]
+    return [
+        (_ROTARY_INIT, _native_rotary_on_cpu, "AROUND"),
+        (_SDPA_EXTEND, _extend_attention_over_new_tokens, "AROUND"),
+    ]
 
 
 def hooks() -> list[tuple[str, Callable, str]]:
