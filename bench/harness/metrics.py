@@ -1,0 +1,112 @@
+"""Metrics over query records: percentiles (failures count as +inf), CCDF, per-run summaries.
+
+A failed query (error or timeout) never got its first token, so its TTFT is +inf: it stays in
+the denominator of every percentile and of the CCDF, and a run with failures cannot look better
+than one without.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from bench.harness.record import QueryRecord
+
+QUANTILES = (50, 95, 99)
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile (linear interpolation, numpy's default), +inf values allowed.
+
+    NaN if there are no values. Interpolating towards an infinite neighbour gives +inf.
+    """
+    x = np.sort(np.asarray(list(values), dtype=float))
+    if x.size == 0:
+        return float("nan")
+    rank = q / 100.0 * (x.size - 1)
+    lo, hi = math.floor(rank), math.ceil(rank)
+    frac = rank - lo
+    if math.isinf(x[lo]) or (frac > 0 and math.isinf(x[hi])):
+        return float("inf")
+    return float(x[lo] + (x[hi] - x[lo]) * frac)
+
+
+def percentiles(values: Iterable[float], qs: Sequence[float] = QUANTILES) -> dict[str, float]:
+    vals = list(values)
+    return {f"p{q:g}": percentile(vals, q) for q in qs}
+
+
+def ccdf(values: Iterable[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(x, P(X >= x)) at each finite value, sorted; +inf values keep the tail above zero."""
+    x = np.sort(np.asarray(list(values), dtype=float))
+    n = x.size
+    if n == 0:
+        return np.zeros(0), np.zeros(0)
+    y = (n - np.arange(n)) / n
+    finite = np.isfinite(x)
+    return x[finite], y[finite]
+
+
+def _finite_mean(values: Sequence[float]) -> float | None:
+    vals = [v for v in values if math.isfinite(v)]
+    return float(np.mean(vals)) if vals else None
+
+
+def summarize(records: Sequence[QueryRecord], bounds: Mapping[str, float] | None = None) -> dict:
+    """One run's summary: TTFT and e2e percentiles, TTFT over the lower bound, completion time,
+    throughput and token counts."""
+    n = len(records)
+    ok = [r for r in records if r.ok]
+    ttft = [r.ttft for r in records]
+    summary: dict = {
+        "queries": n,
+        "failed": n - len(ok),
+        "errors": sorted({r.error for r in records if r.error})[:5],
+        "ttft_s": {**percentiles(ttft), "mean": _finite_mean(ttft)},
+        "e2e_s": {**percentiles(r.e2e for r in records), "mean": _finite_mean([r.e2e for r in ok])},
+    }
+    if bounds:
+        ratio = [r.ttft / bounds[r.query] for r in records if bounds.get(r.query, 0) > 0]
+        summary["ttft_over_bound"] = percentiles(ratio)
+    if n and len(ok) == n and all(r.done_at is not None for r in records):
+        completion = max(r.done_at for r in records) - min(r.start for r in records)
+    else:
+        completion = float("inf")
+    summary["completion_s"] = completion
+    summary["throughput_qps"] = n / completion if completion > 0 else None
+    summary["tokens"] = {
+        "prompt": sum(r.prompt_tokens for r in ok),
+        "prefilled": sum(r.prefilled for r in records),
+        "reused": sum(r.reused for r in records),
+        "invalidated": sum(r.invalidated for r in records),
+        "unprefilled_at_finish_mean": _finite_mean(
+            [float(r.unprefilled_at_finish) for r in ok if r.unprefilled_at_finish is not None]
+        ),
+    }
+    summary["requests"] = sum(r.requests for r in records)
+    return summary
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, None when undefined (missing, zero or both infinite)."""
+    if a is None or b is None or b == 0 or (math.isinf(a) and math.isinf(b)):
+        return None
+    if math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
+
+def versus(summary: dict, baseline: dict) -> dict:
+    """How a run compares with the baseline run (non-streaming) of the same workload and rate.
+
+    `ttft_speedup`: baseline TTFT / this TTFT per percentile (>1: faster than the baseline);
+    `completion_ratio`: this completion time / the baseline's (1.02: 2% slower).
+    """
+    return {
+        "ttft_speedup": {
+            k: ratio(baseline["ttft_s"][k], summary["ttft_s"][k]) for k in percentiles([0.0])
+        },
+        "completion_ratio": ratio(summary["completion_s"], baseline["completion_s"]),
+    }
