@@ -263,6 +263,7 @@ class StreamManager:
             raise StreamError(str(exc), stream.sid) from exc
         finally:
             stream.inflight_rid = None
+            stream.last_activity = time.monotonic()  # the idle clock starts when engine work ends
         meta = out.get("meta_info", {})
         reason = meta.get("finish_reason") or {}
         if reason.get("type") == "abort":
@@ -353,10 +354,15 @@ class StreamManager:
         self._reaper = asyncio.ensure_future(self._reap_idle())
 
     async def _reap_idle(self) -> None:
-        """Abort streams whose client went quiet for `idle_timeout` seconds (KV freed)."""
+        """Abort streams left quiet for `idle_timeout` seconds (KV freed).
+
+        Quiet means no client call and no turn in flight: a slow prefill never counts as the
+        client's silence.
+        """
         while True:
             await asyncio.sleep(min(1.0, self.idle_timeout / 4))
             now = time.monotonic()
             for stream in list(self.streams.values()):
-                if not stream.finishing and now - stream.last_activity > self.idle_timeout:
+                quiet = stream.inflight_rid is None and not stream.finishing
+                if quiet and now - stream.last_activity > self.idle_timeout:
                     await self._close(stream, f"aborted: idle for {self.idle_timeout:g} s")
