@@ -185,8 +185,11 @@ def main(args: argparse.Namespace) -> int:
     from bench.harness.runner import run_bench
 
     preset = preset_from_args(args)
-    out = args.out or (REPO_ROOT / "bench" / "results" / preset.name)
+    out = Path(args.out or (REPO_ROOT / "bench" / "results" / preset.name))
     command = "s2l bench " + shlex.join(getattr(args, "argv", None) or sys.argv[2:])
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = out / "partial.jsonl"  # each replay's records as it ends; removed on success
+    checkpoint.unlink(missing_ok=True)
     result = run_bench(
         preset,
         url=args.url,
@@ -194,9 +197,11 @@ def main(args: argparse.Namespace) -> int:
         tokenizer_path=args.tokenizer,
         command=command,
         progress=not args.quiet,
+        checkpoint=checkpoint,
     )
-    write_all(result, Path(out), plots=not args.no_plots)
-    print(summary_line(result, Path(out)), flush=True)
+    write_all(result, out, plots=not args.no_plots)
+    checkpoint.unlink(missing_ok=True)
+    print(summary_line(result, out), flush=True)
     return 0
 
 

@@ -110,3 +110,20 @@ def versus(summary: dict, baseline: dict) -> dict:
         },
         "completion_ratio": ratio(summary["completion_s"], baseline["completion_s"]),
     }
+
+
+def sorted_runs(runs: list[dict]) -> list[dict]:
+    """Runs by workload (first-seen order), rate, then mode (first-seen order): the engines'
+    interleaving undone."""
+    workloads = list(dict.fromkeys(r["workload"] for r in runs))
+    modes = list(dict.fromkeys(r["mode"] for r in runs))
+    return sorted(
+        runs, key=lambda r: (workloads.index(r["workload"]), r["rate"], modes.index(r["mode"]))
+    )
+
+
+def groups(runs: list[dict]) -> dict[tuple[str, float], list[dict]]:
+    out: dict[tuple[str, float], list[dict]] = {}
+    for run in sorted_runs(runs):
+        out.setdefault((run["workload"], run["rate"]), []).append(run)
+    return out

@@ -82,3 +82,18 @@ async def lower_bound(backend: Backend, query: Query, params: dict, label: str =
     tl = Timeline()
     await generate(backend, ids, params, rid, rec, tl)
     return rec.ttft
+
+
+async def speed_probe(backend: Backend, tokens: int) -> float:
+    """Seconds the idle engine takes to prefill `tokens` tokens of fixed text and give one token,
+    from a flushed cache: how fast the machine is at this moment (other jobs may share it).
+
+    The cache is flushed before and by the caller after, so the probe leaves nothing behind.
+    """
+    ids = backend.encode(" ".join(f"probe{i}" for i in range(tokens)))[:tokens]
+    await backend.flush()
+    rec = QueryRecord("probe", "probe", "append", "probe", 0.0, 0.0, 0.0)
+    await generate(
+        backend, ids, {"max_new_tokens": 1}, f"probe-{time.monotonic_ns()}", rec, Timeline()
+    )
+    return rec.ttft

@@ -1,4 +1,4 @@
-"""Result files of a benchmark: results.json, results.md (tables) and PNG plots (Agg backend).
+"""Result files of a benchmark: results.json, results.md (tables) and the PNG plots (`plots`).
 
 `result` is the dict `runner.run_bench` builds: the header (preset, command, machine, date,
 config), `runs` (one per workload x rate x mode, with its `summary`, its comparison with the
@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from bench.harness.metrics import ccdf
+from bench.harness.metrics import groups, sorted_runs
+from bench.harness.plots import plot_ccdf, plot_p95_vs_rate
 
 CCDF_PNG = "ttft_ccdf.png"
 P95_PNG = "ttft_p95_vs_rate.png"
@@ -106,6 +107,7 @@ def run_rows(runs: list[dict]) -> list[list[str]]:
         rows.append(
             [
                 f"`{run['mode']}`",
+                fmt_s(run.get("probe_s")),
                 f"{s['queries'] - s['failed']}/{s['queries']}",
                 *(fmt_s(s["ttft_s"][k]) for k in ("p50", "p95", "p99")),
                 *(fmt_x(speed.get(k)) for k in ("p50", "p95", "p99")),
@@ -125,6 +127,7 @@ def run_rows(runs: list[dict]) -> list[list[str]]:
 
 RUN_HEADER = [
     "mode",
+    "probe s",
     "ok",
     "TTFT p50 s",
     "p95 s",
@@ -142,23 +145,6 @@ RUN_HEADER = [
     "invalidated tok",
     "preemptions",
 ]
-
-
-def sorted_runs(runs: list[dict]) -> list[dict]:
-    """Runs by workload (first-seen order), rate, then mode (first-seen order): the engines'
-    interleaving undone."""
-    workloads = list(dict.fromkeys(r["workload"] for r in runs))
-    modes = list(dict.fromkeys(r["mode"] for r in runs))
-    return sorted(
-        runs, key=lambda r: (workloads.index(r["workload"]), r["rate"], modes.index(r["mode"]))
-    )
-
-
-def _groups(runs: list[dict]) -> dict[tuple[str, float], list[dict]]:
-    groups: dict[tuple[str, float], list[dict]] = {}
-    for run in sorted_runs(runs):
-        groups.setdefault((run["workload"], run["rate"]), []).append(run)
-    return groups
 
 
 def markdown(result: dict, figures: bool = True) -> str:
@@ -186,7 +172,8 @@ def markdown(result: dict, figures: bool = True) -> str:
         "- TTFT: from the final chunk's scheduled arrival (with the question) to the first "
         "output token, measured by the client; e2e: from the query's arrival to its last token; "
         "completion: first arrival to the last query's last token.",
-        f"- lower bound: {result['lower_bound']['method']}",
+        f"- lower bound: {result['lower_bound']['method']}"
+        + _bound_probes(result["lower_bound"].get("probe_s") or {}),
         f"- preemptions: {result['sched_note']}",
         "",
         "Speedup = the non-streaming (`wait`) TTFT / this mode's TTFT at the same percentile "
@@ -194,13 +181,20 @@ def markdown(result: dict, figures: bool = True) -> str:
         "target). `fail` = a query that never got its first token (timeout or error). "
         "`left at final chunk`: prompt tokens still to prefill when the final chunk arrived; "
         "`prefilled`: prompt tokens the engine computed for all the run's requests (warming "
-        "and update-mode rollbacks recompute); `invalidated`: held KV dropped by rollbacks.",
+        "and update-mode rollbacks recompute); `invalidated`: held KV dropped by rollbacks. "
+        f"`probe`: seconds the idle engine took, right before the replay, to prefill "
+        f"{cfg['max_context_tokens'] or 1000} tokens from an empty cache: the machine's speed "
+        "at that time (rows whose probes differ much were measured on a differently loaded "
+        "machine and do not compare well).",
         "",
     ]
-    for (workload, rate), runs in _groups(result["runs"]).items():
+    for (workload, rate), runs in groups(result["runs"]).items():
         trace_mode = runs[0]["trace_mode"]
         lines += [f"## {workload} ({trace_mode} mode), {rate:g} QPS", ""]
         lines += _table(RUN_HEADER, run_rows(runs))
+        note = probe_note(runs)
+        if note:
+            lines += ["", note]
         errors = [(r["mode"], e) for r in runs for e in r["summary"]["errors"]]
         if errors:
             lines += ["", "Errors: " + "; ".join(f"`{m}`: {e}" for m, e in errors)]
@@ -210,6 +204,27 @@ def markdown(result: dict, figures: bool = True) -> str:
     if figures:
         lines += ["", f"![TTFT CCDF]({CCDF_PNG})", "", f"![p95 TTFT against rate]({P95_PNG})"]
     return "\n".join(lines) + "\n"
+
+
+def _bound_probes(probes: dict) -> str:
+    if not probes:
+        return ""
+    return "; speed probe then: " + ", ".join(f"{w} {fmt_s(v)} s" for w, v in probes.items())
+
+
+PROBE_SPREAD = 1.5
+
+
+def probe_note(runs: list[dict]) -> str | None:
+    """A warning when the machine's speed differed much between the replays of one table."""
+    probes = [float(r["probe_s"]) for r in runs if r.get("probe_s") not in (None, "inf")]
+    if len(probes) < 2 or max(probes) <= PROBE_SPREAD * min(probes):
+        return None
+    return (
+        f"**Warning:** the speed probe ranged from {min(probes):.2f} s to {max(probes):.2f} s "
+        "between these replays: other jobs loaded the machine unevenly, so rows with very "
+        "different probes are not comparable."
+    )
 
 
 def closing_note(result: dict) -> list[str]:
@@ -235,106 +250,6 @@ def closing_note(result: dict) -> list[str]:
 
 def write_markdown(result: dict, path: Path, figures: bool = True) -> None:
     path.write_text(markdown(result, figures))
-
-
-# ---- plots ----------------------------------------------------------------------------------
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _plain_log_axis(axis: Any) -> None:
-    """Log-scale tick labels as plain numbers (2, 3, 0.5) rather than 2x10^0."""
-    from matplotlib.ticker import FuncFormatter, LogLocator
-
-    fmt = FuncFormatter(lambda v, _: f"{v:g}")
-    axis.set_major_formatter(fmt)
-    axis.set_minor_locator(LogLocator(subs=(2, 5)))
-    axis.set_minor_formatter(fmt)
-
-
-def _as_float(v: Any) -> float:
-    return float("inf") if v == "inf" or v is None else float(v)
-
-
-def plot_ccdf(result: dict, path: Path) -> None:
-    """TTFT CCDF per mode: one panel per workload (rows) and rate (columns)."""
-    plt = _pyplot()
-    groups = _groups(result["runs"])
-    workloads = list(dict.fromkeys(w for w, _ in groups))
-    rates = {w: [r for ww, r in groups if ww == w] for w in workloads}
-    cols = max(len(v) for v in rates.values())
-    fig, axes = plt.subplots(
-        len(workloads), cols, figsize=(5.5 * cols, 3.8 * len(workloads)), squeeze=False
-    )
-    for i, w in enumerate(workloads):
-        for j in range(cols):
-            ax = axes[i][j]
-            if j >= len(rates[w]):
-                ax.axis("off")
-                continue
-            rate = rates[w][j]
-            for run in groups[(w, rate)]:
-                ttft = [_as_float(q["ttft"]) for q in run["queries"]]
-                x, y = ccdf(ttft)
-                failed = sum(math.isinf(t) for t in ttft)
-                label = run["mode"] + (f" ({failed} failed)" if failed else "")
-                if len(x):  # P(TTFT >= t) is y_i on (x_(i-1), x_i]: a "pre" step
-                    ax.step(x, y, where="pre", label=label, marker=".")
-                else:
-                    ax.plot([], [], label=label)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            _plain_log_axis(ax.xaxis)
-            _plain_log_axis(ax.yaxis)
-            ax.set_xlabel("TTFT (s)")
-            ax.set_ylabel("P(TTFT >= x)")
-            ax.set_title(f"{w}, {rate:g} QPS")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-    fig.suptitle(f"TTFT CCDF ({result['preset']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_p95_vs_rate(result: dict, path: Path) -> None:
-    """p95 TTFT against the arrival rate, one line per mode, one panel per workload."""
-    plt = _pyplot()
-    workloads = list(dict.fromkeys(r["workload"] for r in result["runs"]))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 3.8), squeeze=False)
-    for ax, w in zip(axes[0], workloads, strict=True):
-        modes = list(dict.fromkeys(r["mode"] for r in result["runs"] if r["workload"] == w))
-        for mode in modes:
-            pts = sorted(
-                (r["rate"], _as_float(r["summary"]["ttft_s"]["p95"]))
-                for r in result["runs"]
-                if r["workload"] == w and r["mode"] == mode
-            )
-            xs = [x for x, y in pts if math.isfinite(y)]
-            ys = [y for x, y in pts if math.isfinite(y)]
-            ax.plot(xs, ys, marker="o", label=mode)
-        rates = sorted({r["rate"] for r in result["runs"] if r["workload"] == w})
-        ax.set_xticks(rates)
-        if len(rates) == 1:
-            ax.set_xlim(rates[0] * 0.5, rates[0] * 1.5)
-        ax.set_xlabel("arrival rate (queries/s)")
-        ax.set_ylabel("p95 TTFT (s)")
-        ax.set_yscale("log")
-        _plain_log_axis(ax.yaxis)
-        ax.set_title(w)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"p95 TTFT against rate ({result['preset']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write_all(result: dict, out_dir: Path, plots: bool = True) -> list[Path]:

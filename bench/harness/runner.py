@@ -9,24 +9,23 @@ one "engine": the server, whose policy the caller names.
 
 from __future__ import annotations
 
-import os
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench.harness.arrivals import arrival_seed, poisson_offsets
 from bench.harness.backends import Backend, EngineBackend, HttpBackend
+from bench.harness.machine import load_now, machine_info
 from bench.harness.metrics import summarize, versus
 from bench.harness.modes import Mode, get_mode
-from bench.harness.presets import REPO_ROOT, Preset
+from bench.harness.presets import Preset
 from bench.harness.queries import Query, load_queries
-from bench.harness.replay import lower_bound, replay
+from bench.harness.replay import lower_bound, replay, speed_probe
 
 BOUND_METHOD = (
     "measured per query on an idle engine before the replays: the prompt before the final "
@@ -75,58 +74,6 @@ def count_queries(preset: Preset, plans: Sequence[EnginePlan], queries: dict[str
             modes = [m for m in plan.modes if m.applies_to(qs[0].mode)]
             total += len(qs) * len(wl.rates) * len(modes)
     return total
-
-
-def _sh(cmd: str) -> str:
-    try:
-        return subprocess.run(
-            cmd, shell=True, capture_output=True, text=True, timeout=10, cwd=REPO_ROOT
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def machine_info() -> dict[str, Any]:
-    """nproc, CPU model, GPU, load average, versions and the git commit (dirty or not)."""
-    info: dict[str, Any] = {
-        "nproc": _sh("nproc") or os.cpu_count(),
-        "cpu_model": _sh("lscpu | grep 'Model name' | sed 's/.*: *//'") or platform.processor(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "load_start": _load(),
-    }
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            info["gpu"] = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    except ImportError:
-        pass
-    try:
-        from importlib.metadata import version
-
-        info["sglang"] = version("sglang")
-    except Exception:
-        info["sglang"] = "?"
-    commit = _sh("git rev-parse --short HEAD")
-    dirty = bool(_sh("git status --porcelain --untracked-files=no"))
-    info["git"] = f"{commit}{' + uncommitted changes' if dirty else ''}" if commit else "?"
-    return info
-
-
-def _load() -> str:
-    """1/5/15-minute load averages, and the share of time tasks waited for a CPU (Linux PSI)."""
-    try:
-        load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:
-        return "?"
-    try:
-        some = Path("/proc/pressure/cpu").read_text().split("\n")[0].split()
-        psi = dict(kv.split("=") for kv in some[1:])
-        return f"{load} (CPU pressure avg60 {psi['avg60']}%, avg300 {psi['avg300']}%)"
-    except (OSError, ValueError, KeyError, IndexError):
-        return load
 
 
 def _start_engine(preset: Preset, policy: str):
@@ -199,8 +146,10 @@ def run_engine_plan(
     progress: _Progress,
     bounds: dict[str, dict[str, float]],
     log: Callable[[str], None],
+    on_run: Callable[[dict], None] | None = None,
 ) -> list[dict]:
-    """All replays on one engine (or server); fills `bounds` if the plan measures them."""
+    """All replays on one engine (or server); fills `bounds` if the plan measures them.
+    `on_run` sees each run as soon as it is done (a checkpoint)."""
     runs = []
     for wl in preset.workloads:
         qs = queries[wl.name]
@@ -208,6 +157,8 @@ def run_engine_plan(
             continue
         if plan.lower_bound:
             progress.describe(f"{wl.name}: lower bounds")
+            probe = backend.run(speed_probe(backend, preset.max_context_tokens or 1000))
+            bounds.setdefault("probe_s", {})[wl.name] = probe
             if not backend.run(backend.flush()):
                 log("warning: cache not flushed before the lower bounds")
             wl_bounds = bounds.setdefault(wl.name, {})
@@ -224,6 +175,7 @@ def run_engine_plan(
                 if not mode.applies_to(qs[0].mode):
                     continue
                 progress.describe(f"{plan.policy} engine: {wl.name} {rate:g} QPS {mode.label}")
+                probe = backend.run(speed_probe(backend, preset.max_context_tokens or 1000))
                 flushed = backend.run(backend.flush())
                 if not flushed:
                     log(f"warning: cache not flushed before {wl.name} {rate:g} {mode.label}")
@@ -245,13 +197,25 @@ def run_engine_plan(
                         "mode": mode.label,
                         "policy": plan.policy,
                         "flushed_before": flushed,
+                        "probe_s": probe,
                         "replay_wall_s": wall,
                         "offsets": [float(x) for x in offsets],
                         "sched": _counter_delta(before, after),
                         "records": records,
                     }
                 )
+                if on_run is not None:
+                    on_run(runs[-1])
     return runs
+
+
+def _write_checkpoint(path: Path, run: dict) -> None:
+    import orjson
+
+    line = {k: v for k, v in run.items() if k != "records"}
+    line["records"] = [r.as_dict() for r in run["records"]]
+    with path.open("ab") as f:
+        f.write(orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
 
 
 def summarize_runs(runs: list[dict], bounds: dict[str, dict[str, float]]) -> None:
@@ -275,11 +239,14 @@ def run_bench(
     progress: bool = True,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
     engine: Any = None,
+    checkpoint: Path | None = None,
 ) -> dict:
     """Run `preset` against in-process engines (default) or the server at `url`.
 
     `engine`: an already started `StreamEngine` to use instead of starting one (the preset must
     then need a single engine, i.e. one policy; it is not shut down here).
+    `checkpoint`: a JSON-lines file that gets each replay's raw records as soon as it is done
+    (SGLang takes the whole process down when an engine process dies).
     """
     t_start = time.perf_counter()
     machine = machine_info()
@@ -321,7 +288,10 @@ def run_bench(
 
                     queries = build_queries(preset, backend.encode, decode)
                     bar = _Progress(count_queries(preset, plans, queries), progress)
-                runs += run_engine_plan(backend, plan, preset, queries, params, bar, bounds, log)
+                runs += run_engine_plan(
+                    backend, plan, preset, queries, params, bar, bounds, log,
+                    partial(_write_checkpoint, checkpoint) if checkpoint else None,
+                )  # fmt: skip
                 sched_seen = sched_seen or any(r["sched"] is not None for r in runs)
             finally:
                 if owned is not None:
@@ -332,7 +302,7 @@ def run_bench(
         if bar is not None:
             bar.close()
     summarize_runs(runs, bounds)
-    machine["load_end"] = _load()
+    machine["load_end"] = load_now()
     config = asdict(preset)
     config.update(
         model=preset.model_path or "SmolLM2-135M-Instruct (embedded, s2l model prepare)",
@@ -351,7 +321,11 @@ def run_bench(
         "machine": machine,
         "config": config,
         "engines": engines,
-        "lower_bound": {"method": BOUND_METHOD, "ttft_s": bounds},
+        "lower_bound": {
+            "method": BOUND_METHOD,
+            "probe_s": bounds.pop("probe_s", {}),
+            "ttft_s": bounds,
+        },
         "sched_note": "scheduler counters (s2l_sched), per replay" if sched_seen else SCHED_TODO,
         "runs": runs,
     }

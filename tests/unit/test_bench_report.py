@@ -45,6 +45,7 @@ def make_result() -> dict:
                         if mode.startswith("stream")
                         else None,
                         "records": records(mode, workload, rate, ttfts),
+                        "probe_s": 4.0 if (workload, mode) == ("ann", "sessions") else 1.0,
                     }
                 )
     bounds = {w: {f"q{i}": 0.25 for i in range(3)} for w in ("crawler", "ann")}
@@ -106,8 +107,9 @@ def test_markdown_has_the_header_tables_and_closing_note(tmp_path):
     assert md.count("## crawler (append mode)") == 2 and "## ann (append mode), 1 QPS" in md
     row = next(line for line in md.splitlines() if line.startswith("| `stream-fcfs`"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1] == "3/3" and cells[2] == "1.000" and cells[5] == "2.00x"
-    assert cells[8] == "4.00x"  # TTFT / bound p50: 1.0 / 0.25
+    assert cells[1] == "1.000"  # the speed probe
+    assert cells[2] == "3/3" and cells[3] == "1.000" and cells[6] == "2.00x"
+    assert cells[9] == "4.00x"  # TTFT / bound p50: 1.0 / 0.25
     assert cells[-1] == "2"  # preemptions from the scheduler counters
     assert cells[-3] == "300" and cells[-2] == "21"  # prefilled and invalidated over 3 queries
     sessions_row = next(line for line in md.splitlines() if line.startswith("| `sessions`"))
@@ -119,6 +121,9 @@ def test_markdown_has_the_header_tables_and_closing_note(tmp_path):
         ("crawler", 1.0)
     ] * 2  # sorted by workload and rate, `wait` itself left out
     assert "![TTFT CCDF]" not in md  # no figures were written
+    crawler, ann = md.split("## ann")[0], md.split("## ann")[1]
+    assert "Warning:** the speed probe" not in crawler  # equal probes
+    assert "ranged from 1.00 s to 4.00 s" in ann.split("## Closing")[0]
 
 
 def test_formatting():
