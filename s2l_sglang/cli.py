@@ -3,6 +3,8 @@
 s2l serve [SGLANG_ARGS...]   SGLang's HTTP server with the plugin (embedded model, CPU defaults)
 s2l model prepare            convert the embedded GGUF model once; print its folder
 s2l demo [--json]            the main job: streaming TTFT against waiting for the full context
+s2l bench --preset NAME      replay workload traces (see bench/README.md)
+s2l profile                  measure the preemption cost model (recompute vs swap) and save it
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import sys
 _SERVE_OPTIONS = {
     "--stream-policy": "S2L_STREAM_POLICY",
     "--stream-idle-timeout": "S2L_STREAM_IDLE_TIMEOUT",
+    "--preemption": "S2L_PREEMPTION",
+    "--host-kv-tokens": "S2L_HOST_KV_TOKENS",
 }
 
 
 def _take_serve_options(rest: list[str]) -> list[str]:
     """Move our own serve options into the environment SGLang's processes inherit."""
     from s2l_sglang.sched.policy import get_policy
+    from s2l_sglang.sched.preemption import preemption_names
 
     out: list[str] = []
     it = iter(rest)
@@ -29,6 +34,8 @@ def _take_serve_options(rest: list[str]) -> list[str]:
             value = value if eq else next(it, "")
             if name == "--stream-policy":
                 get_policy(value)
+            if name == "--preemption" and value not in preemption_names():
+                raise SystemExit(f"--preemption: choose one of {preemption_names()}")
             os.environ[_SERVE_OPTIONS[name]] = value
         else:
             out.append(arg)
@@ -39,10 +46,68 @@ def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
     from s2l_sglang.defaults import server_argv
 
     rest = _take_serve_options(rest)
+    if os.environ.get("S2L_PREEMPTION", "auto") == "auto":
+        _ensure_profile(server_argv(rest))
     argv = [sys.executable, "-m", "sglang.launch_server", *server_argv(rest)]
     print("+ " + " ".join(argv[1:]), file=sys.stderr, flush=True)
     os.execv(sys.executable, argv)
     return 0  # not reached
+
+
+def _argv_value(argv: list[str], name: str, default: str | None = None) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def _ensure_profile(argv: list[str]) -> None:
+    """Before serving with `--preemption auto`: profile the setup if no saved profile matches
+    (the scheduler loads it; without one it preempts by recompute)."""
+    from s2l_sglang.sched.profile import find_cost_model, profile_key, run_profile
+
+    dtype = _argv_value(argv, "--dtype", "auto")
+    if dtype == "auto":  # resolved from the model config in the scheduler only
+        return
+    model_path = _argv_value(argv, "--model-path") or ""
+    device = _argv_value(argv, "--device", "cpu")
+    tp = int(_argv_value(argv, "--tp-size") or _argv_value(argv, "--tp") or 1)
+    page = int(_argv_value(argv, "--page-size") or 1)
+    key = profile_key(model_path, device, dtype, tp, page)
+    if find_cost_model(key) is not None:
+        return
+    print(f"no preemption cost profile for {key}: measuring one now (s2l profile)", file=sys.stderr)
+    kwargs = dict(model_path=model_path, dtype=dtype, tp_size=tp, page_size=page, device=device)
+    _, path = run_profile(kwargs, log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(f"saved {path}", file=sys.stderr)
+
+
+def _cmd_profile(args: argparse.Namespace, rest: list[str]) -> int:
+    from pathlib import Path
+
+    from s2l_sglang.sched.profile import SHIPPED_DIR, run_profile
+
+    kwargs: dict = {}
+    for name in ("model_path", "dtype", "page_size", "context_length"):
+        if getattr(args, name) is not None:
+            kwargs[name] = getattr(args, name)
+    out = SHIPPED_DIR if args.ship else (Path(args.out) if args.out else None)
+    model, path = run_profile(
+        kwargs,
+        repeats=args.repeats,
+        max_tokens=args.max_tokens,
+        out_dir=out,
+        log=lambda s: print(s, file=sys.stderr, flush=True),
+    )
+    for n in (16, 256, 1024, 4096):
+        print(
+            f"{n:>5} tokens: recompute {model.recompute(n) * 1e3:8.2f} ms, "
+            f"swap {model.swap(n) * 1e3:8.2f} ms -> {model.choose(n)}"
+        )
+    print(path)
+    return 0
 
 
 def _cmd_model_prepare(args: argparse.Namespace, rest: list[str]) -> int:
@@ -80,7 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Every other argument is passed to SGLang unchanged (see `python -m "
         "sglang.launch_server --help`); an argument you give overrides the default. "
         "Own options: --stream-policy {default,fcfs,lcas,mcps} (scheduling of streams) and "
-        "--stream-idle-timeout SECONDS (abort streams whose client went quiet; default 60).",
+        "--stream-idle-timeout SECONDS (abort streams whose client went quiet; default 60), "
+        "--preemption {auto,recompute,swap} (how streams give up KV under pressure; auto: the "
+        "cheaper per victim by the measured cost model, profiled first if none matches) and "
+        "--host-kv-tokens N (host pool for swapped KV; default: the device pool's size).",
     )
     serve.set_defaults(func=_cmd_serve)
 
@@ -118,6 +186,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
+
+    profile = sub.add_parser(
+        "profile",
+        help="measure the preemption cost model (recompute vs swap) on this hardware",
+        description="Start an engine, time recompute (prefill) and swap-out plus swap-in over "
+        "token counts from 16 to the context length, fit piecewise-linear curves and save them "
+        "as JSON keyed by model, device, dtype, tp and page size ($S2L_PROFILE_DIR or "
+        "~/.cache/stream2llm-sglang/profiles). The server loads the matching profile.",
+    )
+    profile.add_argument("--model-path", help="default: the embedded model")
+    profile.add_argument("--dtype", help="default: float32 on a CPU")
+    profile.add_argument("--page-size", type=int)
+    profile.add_argument("--context-length", type=int)
+    profile.add_argument("--max-tokens", type=int, help="largest token count (default: context)")
+    profile.add_argument("--repeats", type=int, default=3)
+    profile.add_argument("--out", help="directory to save into")
+    profile.add_argument(
+        "--ship", action="store_true", help="save into the package's shipped profiles"
+    )
+    profile.set_defaults(func=_cmd_profile)
     return parser
 
 

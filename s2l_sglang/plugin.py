@@ -129,6 +129,19 @@ def _relieve_kv_pressure(self, *args, **kwargs):
         logger.exception("stream KV-pressure relief failed")
 
 
+_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+
+
+def _export_sched_counters(result, self, *args, **kwargs):
+    """AFTER `Scheduler.get_internal_state`: add the stream counters as `s2l_sched`."""
+    try:
+        stream_scheduling().configure(self)
+        result.internal_state["s2l_sched"] = stream_scheduling().export()
+    except Exception:  # never take the scheduler down
+        logger.exception("exporting stream counters failed")
+    return result
+
+
 def _install_stream_routes(*args, **kwargs):
     """BEFORE `http_server.launch_server`: add the /stream routes to SGLang's FastAPI app."""
     from sglang.srt.entrypoints import http_server
@@ -145,6 +158,7 @@ def _stream_hooks() -> list[tuple[str, Callable, str]]:
         (_HTTP_LAUNCH, _install_stream_routes, "BEFORE"),
         (_CALC_PRIORITY, _order_by_stream_policy, "AROUND"),
         (_NEW_PREFILL, _relieve_kv_pressure, "BEFORE"),
+        (_INTERNAL_STATE, _export_sched_counters, "AFTER"),
     ]
 
 

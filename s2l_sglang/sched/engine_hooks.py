@@ -24,8 +24,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from radix_ext.swap import HostKVPool
 from s2l_sglang.sched.planner import choose_victims, plan
 from s2l_sglang.sched.policy import get_policy
+from s2l_sglang.sched.preemption import Preemption, get_preemption
 from s2l_sglang.sched.snapshot import ReqView
 from s2l_sglang.stream.rid import MARK, stream_of
 
@@ -45,7 +47,11 @@ class StreamInfo:
 class SchedCounters:
     preemptions_recompute: int = 0
     preemptions_swap: int = 0
-    tokens_preempted: int = 0  # KV tokens released by preemption (recomputed or re-matched later)
+    tokens_preempted: int = 0  # KV tokens released by recompute preemption
+    tokens_swapped_out: int = 0  # KV tokens copied to the host pool
+    tokens_swapped_in: int = 0  # KV tokens copied back from the host pool
+    tokens_swap_reused: int = 0  # swapped tokens the radix tree still held at resume
+    swap_in_dropped: int = 0  # resumes whose host copy did not fit back (recomputed)
     plan_calls: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -60,8 +66,44 @@ class StreamScheduling:
     streams: dict[str, StreamInfo] = field(default_factory=dict)
     counters: SchedCounters = field(default_factory=SchedCounters)
 
+    preemption_name: str = field(default_factory=lambda: os.environ.get("S2L_PREEMPTION", "auto"))
+    preemption: Preemption | None = None
+    host: HostKVPool | None = None
+    profile_path: str | None = None
+    _metrics: Any = None
+
     def __post_init__(self) -> None:
         self.policy = get_policy(self.policy_name)
+
+    def configure(self, scheduler: Any) -> None:
+        """Once per scheduler: the preemption mode, its cost model and the host KV pool."""
+        if self.preemption is not None:
+            return
+        name = self.preemption_name
+        cost_model = None
+        if name == "auto":
+            from s2l_sglang.sched.profile import find_cost_model, key_of_server_args
+
+            dtype = str(scheduler.model_config.dtype).replace("torch.", "")
+            key = key_of_server_args(scheduler.server_args, dtype)
+            found = find_cost_model(key)
+            if found is None:
+                logger.warning(
+                    "no preemption cost profile for %s (run `s2l profile`); preempting by "
+                    "recompute",
+                    key,
+                )
+                name = "recompute"
+            else:
+                cost_model, path = found
+                self.profile_path = str(path)
+                logger.info("preemption cost profile: %s", path)
+        self.preemption = get_preemption(name, cost_model)
+        if name != "recompute":
+            capacity = int(os.environ.get("S2L_HOST_KV_TOKENS") or scheduler.max_total_num_tokens)
+            self.host = HostKVPool(capacity)
+        if getattr(scheduler, "enable_metrics", False):
+            self._metrics = _prometheus_counters()
 
     # ---- events from the plugin's hooks -----------------------------------------------------
 
@@ -146,12 +188,17 @@ class StreamScheduling:
         scheduler.waiting_queue[:] = [by_rid[rid] for rid in order if rid in by_rid]
 
     def relieve_kv_pressure(self, scheduler: Any) -> list[str]:
-        """Preempt idle streams the plan did not pick until the planned prefill fits."""
-        if not (scheduler.waiting_queue or scheduler.chunked_req) or not (
-            scheduler.tree_cache.session.slots
-        ):
+        """Swap waiting streams back in; then preempt idle streams the plan did not pick until
+        the planned prefill fits."""
+        self.configure(scheduler)
+        if not (scheduler.waiting_queue or scheduler.chunked_req):
             return []
         views = self.snapshot(scheduler)
+        if self.host is not None and self.host.entries:
+            head = next((v for v in self.policy.order(views) if v.state == "waiting"), None)
+            self._swap_in_waiting(scheduler, head.rid if head is not None else None)
+        if not scheduler.tree_cache.session.slots:
+            return []
         if os.environ.get("S2L_DEBUG_SCHED"):
             import sys
 
@@ -187,14 +234,93 @@ class StreamScheduling:
             sid = rid if view.state == "idle" else stream_of(rid)
             if not view.evictable_kv or sid not in scheduler.tree_cache.session.slots:
                 continue
-            scheduler.tree_cache.release_session(sid)
-            self.counters.preemptions_recompute += 1
-            self.counters.tokens_preempted += view.evictable_kv
-            released.append(sid)
+            mode = self._preempt(scheduler, sid, view.evictable_kv)
+            released.append(f"{sid} ({mode})")
         if released:
             logger.info(
-                "KV pressure (short %d tokens): preempted streams %s by recompute",
+                "KV pressure (short %d tokens): preempted streams %s",
                 step.kv_shortfall,
-                released,
+                ", ".join(released),
             )
         return released
+
+    def _preempt(self, scheduler: Any, sid: str, cached: int) -> str:
+        """Preempt stream `sid` holding `cached` KV tokens: swap or recompute, per victim."""
+        assert self.preemption is not None
+        cache = scheduler.tree_cache
+        host_free = self.host.free_tokens if self.host is not None else 0
+        if self.host is not None and self.preemption.decide(cached, host_free) == "swap":
+            swapped = self.host.swap_out(cache, sid, _committed_tokens(scheduler, sid))
+            if swapped:
+                self.counters.preemptions_swap += 1
+                self.counters.tokens_swapped_out += swapped
+                self._count_metric("swap", swapped)
+                return "swap"
+        cache.release_session(sid)
+        self.counters.preemptions_recompute += 1
+        self.counters.tokens_preempted += cached
+        self._count_metric("recompute", cached)
+        return "recompute"
+
+    def _swap_in_waiting(self, scheduler: Any, head_rid: str | None) -> None:
+        """Restore the host KV of streams whose next turn waits: the policy's next admission
+        (evicting LRU cache if needed), others only into free KV (no thrashing of victims).
+        Forget closed streams' copies."""
+        assert self.host is not None
+        for sid in list(self.host.entries):
+            if scheduler.session_controller.get(sid) is None:
+                self.host.drop(sid)
+        allocator = scheduler.token_to_kv_pool_allocator
+        for req in list(scheduler.waiting_queue):
+            sid = stream_of(req.rid)
+            if sid is None or sid not in self.host:
+                continue
+            if req.rid != head_rid and allocator.available_size() < self.host.entries[sid].size:
+                continue
+            result = self.host.swap_in(scheduler.tree_cache, sid)
+            self.counters.tokens_swapped_in += result.restored
+            self.counters.tokens_swap_reused += result.reused
+            self.counters.swap_in_dropped += int(result.dropped)
+
+    def _count_metric(self, mode: str, tokens: int) -> None:
+        if self._metrics is not None:
+            preemptions, preempted_tokens = self._metrics
+            preemptions.labels(mode=mode, policy=self.policy_name).inc()
+            preempted_tokens.labels(mode=mode, policy=self.policy_name).inc(tokens)
+
+    def export(self) -> dict[str, Any]:
+        """The counters, policy and preemption set-up (SGLang's `get_internal_state`)."""
+        return {
+            **self.counters.as_dict(),
+            "policy": self.policy_name,
+            "preemption": self.preemption.name if self.preemption is not None else None,
+            "profile": self.profile_path,
+            "host_kv_used": self.host.used_tokens if self.host is not None else 0,
+        }
+
+
+def _committed_tokens(scheduler: Any, sid: str) -> list[int]:
+    """The token ids whose KV stream `sid`'s session holds (its last finished turn's)."""
+    session = scheduler.session_controller.get(sid)
+    if session is None or not session.req_nodes or session.committed_origin_len is None:
+        return []
+    [node] = session.req_nodes.values()
+    return list(node.req.origin_input_ids[: session.committed_origin_len])
+
+
+def _prometheus_counters() -> tuple[Any, Any]:
+    """Counters in SGLang's Prometheus registry (multiprocess: the HTTP server exports them)."""
+    from prometheus_client import Counter
+
+    return (
+        Counter(
+            "sglang:s2l_preemptions_total",
+            "Streams preempted under KV pressure, by mode and policy",
+            ["mode", "policy"],
+        ),
+        Counter(
+            "sglang:s2l_preempted_tokens_total",
+            "KV tokens preempted (recompute: released; swap: copied to host)",
+            ["mode", "policy"],
+        ),
+    )

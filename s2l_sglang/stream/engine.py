@@ -22,10 +22,16 @@ class StreamEngine:
         self,
         idle_timeout: float | None = 60.0,
         stream_policy: str | None = None,
+        preemption: str | None = None,
+        host_kv_tokens: int | None = None,
         **engine_kwargs: Any,
     ):
         """`stream_policy`: the scheduler's stream policy (`default`, `fcfs`, `lcas`, `mcps`;
-        default: env `S2L_STREAM_POLICY`, else `default`). Other arguments go to `sgl.Engine`."""
+        default: env `S2L_STREAM_POLICY`, else `default`). `preemption`: how streams give up
+        KV under pressure (`auto`, `recompute`, `swap`; default: env `S2L_PREEMPTION`, else
+        `auto`: by the saved cost profile of this setup, recompute if none). `host_kv_tokens`:
+        the host pool for swapped KV (default: the device pool's size). Other arguments go to
+        `sgl.Engine`."""
         import os
 
         import sglang as sgl
@@ -36,6 +42,14 @@ class StreamEngine:
         if stream_policy is not None:
             get_policy(stream_policy)  # a clear error for an unknown name
             os.environ["S2L_STREAM_POLICY"] = stream_policy  # read by the scheduler process
+        if preemption is not None:
+            from s2l_sglang.sched.preemption import preemption_names
+
+            if preemption not in preemption_names():
+                raise ValueError(f"preemption: choose one of {preemption_names()}")
+            os.environ["S2L_PREEMPTION"] = preemption
+        if host_kv_tokens is not None:
+            os.environ["S2L_HOST_KV_TOKENS"] = str(int(host_kv_tokens))
 
         self.engine = sgl.Engine(**default_kwargs(**engine_kwargs))
         tm = self.engine.tokenizer_manager
@@ -142,6 +156,20 @@ class StreamEngine:
 
     async def async_abort(self, sid: str) -> None:
         await self._acall(self.streams.abort(sid))
+
+    # ---- engine state -----------------------------------------------------------------------
+
+    def flush_cache(self) -> bool:
+        """Empty SGLang's prefix cache (refused by SGLang while requests run)."""
+        return bool(self._call(self.engine.tokenizer_manager.flush_cache()).success)
+
+    def sched_counters(self) -> dict[str, int]:
+        """The scheduler's stream counters (policy, preemptions by mode, tokens swapped ...)."""
+        states = self._call(self.engine.tokenizer_manager.get_internal_state())
+        for state in states or []:
+            if isinstance(state, dict) and isinstance(state.get("s2l_sched"), dict):
+                return dict(state["s2l_sched"])
+        return {}
 
     # ---- lifecycle --------------------------------------------------------------------------
 

@@ -1,0 +1,128 @@
+"""Swap a streaming session's KV to a host pool and back (preemption by swap).
+
+Swap-out copies the session's committed KV (all layers, tokens `[0, N)`) with SGLang's own
+retraction-backup primitive (`token_to_kv_pool_allocator.get_cpu_copy`) into host memory, then
+releases the session slot exactly as recompute preemption does: the private tail is freed, the
+published prefix stays in the radix tree as ordinary LRU cache.
+
+Swap-in runs when the stream's next turn waits for admission: whatever prefix of the N tokens the
+tree still holds is kept, the rest is allocated (evicting LRU cache if needed, with the matched
+prefix locked), filled from the host copy (`load_cpu_copy`) and inserted into the tree. The turn's
+own prefix match then finds all N tokens, as if the KV had never left. If the pool cannot take
+them, the copy is dropped and the turn recomputes: slower, never wrong.
+
+On a CPU host "device" and "host" are both CPU memory: the same code path copies between the
+engine's KV pool and separate host tensors. Page size 1 only (the CPU default); with larger
+pages `swap_out` declines and the caller recomputes.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class SwappedKV:
+    tokens: list[int]  # the token ids whose KV is held, in order
+    kv_cpu: Any  # `get_cpu_copy` layout: per layer, chunks of [k, v]
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class SwapInResult:
+    restored: int  # tokens copied back from host into the pool
+    reused: int  # tokens the radix tree still held (no copy needed)
+    dropped: bool  # True: the pool could not take them; the turn recomputes
+
+
+class HostKVPool:
+    """Swapped-out stream KV in host memory, bounded by `capacity_tokens`."""
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self.capacity_tokens = capacity_tokens
+        self.entries: dict[str, SwappedKV] = {}
+
+    @property
+    def used_tokens(self) -> int:
+        return sum(e.size for e in self.entries.values())
+
+    @property
+    def free_tokens(self) -> int:
+        return self.capacity_tokens - self.used_tokens
+
+    def __contains__(self, sid: str) -> bool:
+        return sid in self.entries
+
+    def drop(self, sid: str) -> int:
+        entry = self.entries.pop(sid, None)
+        return 0 if entry is None else entry.size
+
+    def swap_out(self, cache: Any, sid: str, tokens: list[int]) -> int:
+        """Copy session `sid`'s committed KV for `tokens` to host and release its slot.
+
+        Returns the tokens swapped out (0: nothing held, pages > 1, or no host room; the slot
+        is then left alone and the caller may recompute instead).
+        """
+        slot = cache.session.slots.get(sid)
+        if slot is None or not slot.kv.holds_kv or cache.page_size != 1:
+            return 0
+        n = min(slot.kv.kv_committed_len, len(tokens))
+        if n <= 0 or n > self.free_tokens - (self.entries[sid].size if sid in self else 0):
+            return 0
+        indices = cache.req_to_token_pool.req_to_token[slot.kv.req_pool_idx, :n].to(torch.int64)
+        kv_cpu = cache.token_to_kv_pool_allocator.get_cpu_copy(indices)
+        self.entries[sid] = SwappedKV(list(tokens[:n]), kv_cpu)
+        cache.release_session(sid)
+        return n
+
+    def swap_in(self, cache: Any, sid: str) -> SwapInResult:
+        """Put `sid`'s swapped KV back into the radix tree (see the module docstring)."""
+        from sglang.srt.mem_cache.base_prefix_cache import (
+            EvictParams,
+            InsertParams,
+            MatchPrefixParams,
+        )
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        entry = self.entries.pop(sid)
+        key = RadixKey(array("q", entry.tokens))
+        match = cache.match_prefix(MatchPrefixParams(key=key))
+        reused = int(match.device_prefix_len)
+        missing = entry.size - reused
+        if missing <= 0:
+            return SwapInResult(0, entry.size, False)
+        lock = cache.lock(match.last_device_node)
+        try:
+            allocator = cache.token_to_kv_pool_allocator
+            if allocator.available_size() < missing:
+                cache.evict(EvictParams(num_tokens=missing - allocator.available_size()))
+            new = allocator.alloc(missing) if allocator.available_size() >= missing else None
+            if new is None:
+                return SwapInResult(0, reused, True)
+            chunk = getattr(allocator.get_kvcache(), "cpu_offloading_chunk_size", 8192)
+            allocator.load_cpu_copy(_slice(entry.kv_cpu, reused, entry.size, chunk), new)
+            prefix = cache.path_device_indices(match.last_device_node)[:reused].to(torch.int64)
+            value = torch.cat([prefix, new.to(torch.int64)])
+            # The tree frees what it already holds past `prev_prefix_len` (our duplicates);
+            # `[0, reused)` are its own indices.
+            cache.insert(InsertParams(key=key, value=value, prev_prefix_len=reused))
+        finally:
+            cache.unlock(lock)
+        return SwapInResult(missing, reused, False)
+
+
+def _slice(kv_cpu: list, start: int, end: int, chunk: int) -> list:
+    """Tokens `[start, end)` of a `get_cpu_copy` result, in its layout (chunks of `chunk`)."""
+    out = []
+    for chunks in kv_cpu:
+        k = torch.cat([c[0] for c in chunks])[start:end]
+        v = torch.cat([c[1] for c in chunks])[start:end]
+        out.append([[k[i : i + chunk], v[i : i + chunk]] for i in range(0, end - start, chunk)])
+    return out

@@ -1,0 +1,172 @@
+"""`s2l profile`: measure the preemption cost model on this hardware and save it.
+
+- recompute(n): the time to prefill n tokens from an empty cache (a prefill-only SGLang request,
+  `max_new_tokens=0`, on a flushed cache), measured end to end on a running engine;
+- swap(n): swap-out plus swap-in of n tokens with SGLang's own KV copy primitives
+  (`get_cpu_copy` / `load_cpu_copy`, what `radix_ext.swap` runs) on a KV pool of the model's
+  shape (layers, KV heads, head size, dtype) on the engine's device.
+
+Token counts go from 16 to the context length (doubling, plus the context length itself); each
+is measured `repeats` times and the median kept. The profile is saved as JSON keyed by
+(model, device, dtype, tp, page size) into the user's profile directory; the scheduler loads the
+matching one (`find_cost_model`), searching the user's directory, then the profiles shipped
+with the package.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from s2l_sglang.sched.costmodel import CostModel, ProfileKey, ProfileStore
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+def user_profile_dir() -> Path:
+    """`$S2L_PROFILE_DIR`, else `~/.cache/stream2llm-sglang/profiles`."""
+    env = os.environ.get("S2L_PROFILE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "stream2llm-sglang" / "profiles"
+
+
+def profile_key(
+    model_path: str, device: str, dtype: str, tp_size: int, page_size: int
+) -> ProfileKey:
+    """The key of a setup: the model by its folder or hub name (not the cache path)."""
+    model = str(model_path).rstrip("/").rsplit("/", 1)[-1]
+    return ProfileKey(model, str(device), str(dtype), int(tp_size or 1), int(page_size or 1))
+
+
+def key_of_server_args(server_args: Any, dtype: str | None = None) -> ProfileKey:
+    """The profile key of an SGLang `ServerArgs` (`dtype`: the resolved model dtype)."""
+    return profile_key(
+        server_args.model_path,
+        server_args.device or "cpu",
+        dtype or server_args.dtype,
+        server_args.tp_size,
+        server_args.page_size,
+    )
+
+
+def find_cost_model(key: ProfileKey) -> tuple[CostModel, Path] | None:
+    """The saved profile for `key`: the user's directory first, then the shipped ones."""
+    for directory in (user_profile_dir(), SHIPPED_DIR):
+        model = ProfileStore(directory).find(key)
+        if model is not None:
+            return model, directory / key.filename()
+    return None
+
+
+def token_counts(context_len: int, start: int = 16) -> list[int]:
+    """16, 32, 64, ... below the context length, then the context length."""
+    counts, n = [], start
+    while n < context_len:
+        counts.append(n)
+        n *= 2
+    return counts + [context_len]
+
+
+def _median_time(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_swap(
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: Any,
+    device: str,
+    counts: list[int],
+    repeats: int,
+) -> list[tuple[int, float]]:
+    """swap-out + swap-in seconds per token count, on a real SGLang KV pool of that shape."""
+    import torch
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    size = max(counts)
+    pool = MHATokenToKVPool(size + 1, 1, dtype, kv_heads, head_dim, layers, device, False)
+    alloc = TokenToKVPoolAllocator(size + 1, dtype, device, pool, need_sort=False)
+    points = []
+    for n in counts:
+        idx = alloc.alloc(n)
+
+        def round_trip(idx=idx) -> None:
+            kv_cpu = alloc.get_cpu_copy(idx.to(torch.int64))
+            alloc.load_cpu_copy(kv_cpu, idx)
+
+        points.append((n, _median_time(round_trip, repeats)))
+        alloc.free(idx)
+    return points
+
+
+def measure_recompute(engine: Any, counts: list[int], repeats: int) -> list[tuple[int, float]]:
+    """Prefill seconds per token count on `engine` (a `StreamEngine`), cache flushed each time."""
+    points = []
+    vocab = engine.tokenizer.vocab_size
+    for n in counts:
+        times = []
+        for r in range(repeats):
+            ids = [(1000 + 7 * i + 13 * r) % vocab for i in range(n)]
+            engine.flush_cache()
+            start = time.perf_counter()
+            engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})
+            times.append(time.perf_counter() - start)
+        points.append((n, statistics.median(times)))
+    return points
+
+
+def run_profile(
+    engine_kwargs: dict[str, Any],
+    repeats: int = 3,
+    max_tokens: int | None = None,
+    out_dir: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[CostModel, Path]:
+    """Start an engine, measure both curves, save the profile; returns it and its path."""
+    import torch
+
+    from s2l_sglang.stream.engine import StreamEngine
+
+    log("starting the engine to profile ...")
+    engine = StreamEngine(idle_timeout=None, log_level="error", **engine_kwargs)
+    try:
+        args = engine.engine.server_args
+        cfg = engine.engine.tokenizer_manager.model_config
+        dtype = str(cfg.dtype).replace("torch.", "")
+        key = key_of_server_args(args, dtype)
+        context = int(engine.engine.tokenizer_manager.context_len)
+        counts = token_counts(min(context, max_tokens or context))
+        log(f"profiling {key} at {counts} tokens, {repeats} repeats each")
+        recompute = []
+        for n in counts:
+            recompute += measure_recompute(engine, [n], repeats)
+            log(f"  recompute {n:>6} tokens: {recompute[-1][1] * 1e3:9.2f} ms")
+        swap = measure_swap(
+            layers=cfg.num_hidden_layers,
+            kv_heads=cfg.get_num_kv_heads(args.tp_size),
+            head_dim=cfg.head_dim,
+            dtype=getattr(torch, dtype),
+            device=args.device or "cpu",
+            counts=counts,
+            repeats=repeats,
+        )
+        for n, t in swap:
+            log(f"  swap      {n:>6} tokens: {t * 1e3:9.2f} ms")
+    finally:
+        engine.shutdown()
+    model = CostModel.fit(recompute, swap, key)
+    path = ProfileStore(out_dir or user_profile_dir()).save(model)
+    return model, path
