@@ -19,6 +19,9 @@ CPU_DEFAULTS: dict[str, Any] = {
     "disable_overlap_schedule": True,
     "dtype": "float32",
     "mem_fraction_static": 0.3,
+    # An idle SGLang scheduler otherwise polls in a busy loop and pins a core: on a small CPU
+    # host that halves the speed of everything else (other engines, the client, the tests).
+    "sleep_on_idle": True,
 }
 
 

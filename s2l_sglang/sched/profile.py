@@ -169,4 +169,22 @@ def run_profile(
         engine.shutdown()
     model = CostModel.fit(recompute, swap, key)
     path = ProfileStore(out_dir or user_profile_dir()).save(model)
+    _add_provenance(path, repeats)
     return model, path
+
+
+def _add_provenance(path: Path, repeats: int) -> None:
+    """Record when and where the profile was measured (ignored when loading)."""
+    import json
+    import platform
+    from datetime import UTC, datetime
+
+    data = json.loads(path.read_text())
+    data["measured"] = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
+        "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+        "repeats": repeats,
+        "command": "s2l profile",
+    }
+    path.write_text(json.dumps(data, indent=1))
