@@ -248,9 +248,11 @@ def _cpu_hooks() -> list[tuple[str, Callable, str]]:
 
 def hooks() -> list[tuple[str, Callable, str]]:
     """Every hook this plugin installs: (target, function, hook type name)."""
-    found = _stream_hooks()
+    from s2l_sglang import pd
+
+    found = _stream_hooks() + pd.stream_hooks()
     if _cpu_without_sgl_kernel():
-        found += _cpu_hooks()
+        found += _cpu_hooks() + pd.cpu_hooks()
     return found
 
 

@@ -47,6 +47,11 @@ def stream_manager():
         _manager = StreamManager(
             tm, page_size=tm.server_args.page_size or 1, idle_timeout=timeout or None
         )
+        if tm.server_args.disaggregation_mode == "prefill":  # final turns via the PD router
+            from s2l_sglang.stream import pd_final
+
+            router = pd_final.activate(os.environ.get("S2L_PD_ROUTER"))
+            _manager.final_outputs = router.outputs
     return _manager
 
 

@@ -100,6 +100,9 @@ class StreamManager:
         self._ended: OrderedDict[str, str] = OrderedDict()  # sid -> "finished" | "aborted: ..."
         self.totals = StreamCounters()
         self._reaper: asyncio.Task | None = None
+        # Where final turns run instead of this tokenizer manager: set on a PD prefill
+        # instance to `RouterFinal.outputs` (stream/pd_final.py); called as (obj, prompt ids).
+        self.final_outputs: Any = None
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -256,7 +259,11 @@ class StreamManager:
         stream.counters.turns += 1
         out: dict = {}
         try:
-            async for out in self.tm.generate_request(obj, None):
+            if self.final_outputs is not None and rid == final_rid(stream.sid):
+                outputs = self.final_outputs(obj, target)
+            else:
+                outputs = self.tm.generate_request(obj, None)
+            async for out in outputs:
                 if sink is not None:
                     await sink(out)
         except ValueError as exc:  # SGLang's validation errors (e.g. too long)
