@@ -18,6 +18,7 @@ _SERVE_OPTIONS = {
     "--stream-idle-timeout": "S2L_STREAM_IDLE_TIMEOUT",
     "--preemption": "S2L_PREEMPTION",
     "--host-kv-tokens": "S2L_HOST_KV_TOKENS",
+    "--stream-pd-router": "S2L_PD_ROUTER",
 }
 
 
@@ -45,6 +46,10 @@ def _take_serve_options(rest: list[str]) -> list[str]:
 def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
     from s2l_sglang.defaults import server_argv
 
+    if "--pd" in rest:  # a prefill-decode deployment: prefill, decode and sglang-router
+        from s2l_sglang.pd_serve import serve as serve_pd
+
+        return serve_pd(_take_serve_options([arg for arg in rest if arg != "--pd"]))
     rest = _take_serve_options(rest)
     if os.environ.get("S2L_PREEMPTION", "auto") == "auto":
         _ensure_profile(server_argv(rest))
@@ -148,7 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--stream-idle-timeout SECONDS (abort streams whose client went quiet; default 60), "
         "--preemption {auto,recompute,swap} (how streams give up KV under pressure; auto: the "
         "cheaper per victim by the measured cost model, profiled first if none matches) and "
-        "--host-kv-tokens N (host pool for swapped KV; default: the device pool's size).",
+        "--host-kv-tokens N (host pool for swapped KV; default: the device pool's size); "
+        "--pd: a prefill-decode deployment on this host (router on --port, prefill instance "
+        "with the stream routes on port+1, decode on port+2; docs/pd.md); --stream-pd-router "
+        "URL: on a prefill instance started by hand, the router its streams' final turns use.",
     )
     serve.set_defaults(func=_cmd_serve)
 

@@ -1,0 +1,256 @@
+"""`s2l serve --pd`: a prefill-decode deployment on one host (prefill, decode, sglang-router).
+
+    router   :PORT      sglang-router in PD mode: /generate and the rest of SGLang's API
+    prefill  :PORT+1    `s2l serve --disaggregation-mode prefill` (bootstrap on PORT+3): streams
+    decode   :PORT+2    `s2l serve --disaggregation-mode decode`
+
+KV moves from prefill to decode over TCP (Mooncake's `mooncake_tcp` transfer backend, PyPI
+`mooncake-transfer-engine-non-cuda`). `ensure_prerequisites` installs what is missing: the two
+PyPI packages (pinned in requirements-cpu.txt) and the three Debian libraries the Mooncake wheel
+loads even for TCP (as root, with apt-get; otherwise it stops with the exact command).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+PIP_PINS = ("sglang-router==0.3.2", "mooncake-transfer-engine-non-cuda==0.3.13.post1")
+DEBIAN_LIBS = {  # shared object -> Debian package
+    "libibverbs.so.1": "libibverbs1",
+    "libnl-3.so.200": "libnl-3-200",
+    "libnl-route-3.so.200": "libnl-route-3-200",
+}
+TRANSFER_BACKEND = "mooncake_tcp"
+
+
+class PdSetupError(RuntimeError):
+    """A prerequisite of the PD deployment is missing and could not be installed."""
+
+
+def _apt_command(packages: list[str]) -> list[str]:
+    return ["apt-get", "install", "-y", "--no-install-recommends", *packages]
+
+
+def _missing_libs() -> list[str]:
+    missing = []
+    for lib, package in DEBIAN_LIBS.items():
+        try:
+            ctypes.CDLL(lib)
+        except OSError:
+            missing.append(package)
+    return missing
+
+
+def _install_debian(packages: list[str], log: Callable[[str], None]) -> None:
+    command = _apt_command(packages)
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise PdSetupError(
+            "the Mooncake transfer engine needs Debian libraries that are not installed; run: "
+            f"sudo {' '.join(command)}"
+        )
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    log("+ " + " ".join(command))
+    if subprocess.run(command, env=env, stdin=subprocess.DEVNULL).returncode != 0:
+        log("+ apt-get update")  # stale or missing package lists
+        subprocess.run(["apt-get", "update"], env=env, stdin=subprocess.DEVNULL, check=False)
+        if subprocess.run(command, env=env, stdin=subprocess.DEVNULL).returncode != 0:
+            raise PdSetupError(f"could not install {packages}; run: {' '.join(command)}")
+
+
+def ensure_prerequisites(log: Callable[[str], None] = print) -> None:
+    """Install what the PD deployment needs (idempotent; a no-op when all is there)."""
+    wanted = {"sglang_router": PIP_PINS[0], "mooncake": PIP_PINS[1]}
+    pins = [pin for module, pin in wanted.items() if importlib.util.find_spec(module) is None]
+    if pins:
+        command = [sys.executable, "-m", "pip", "install", "-q", *pins]
+        log("+ " + " ".join(command))
+        if subprocess.run(command, stdin=subprocess.DEVNULL).returncode != 0:
+            raise PdSetupError(f"could not install {pins}; run: {' '.join(command)}")
+    missing = _missing_libs()
+    if missing:
+        _install_debian(missing, log)
+    probe = [sys.executable, "-c", "import mooncake.engine"]
+    done = subprocess.run(probe, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise PdSetupError(f"the Mooncake transfer engine does not load: {done.stderr[-800:]}")
+
+
+@dataclass(frozen=True)
+class PdPorts:
+    router: int
+    prefill: int
+    decode: int
+    bootstrap: int
+
+    @classmethod
+    def from_base(cls, port: int) -> PdPorts:
+        return cls(router=port, prefill=port + 1, decode=port + 2, bootstrap=port + 3)
+
+
+def instance_argv(role: str, host: str, ports: PdPorts, user_argv: list[str]) -> list[str]:
+    """`s2l serve` arguments of the prefill or decode instance."""
+    port = ports.prefill if role == "prefill" else ports.decode
+    argv = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", host, "--port", str(port)]
+    argv += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", TRANSFER_BACKEND]
+    if role == "prefill":
+        argv += ["--disaggregation-bootstrap-port", str(ports.bootstrap)]
+    return argv + user_argv
+
+
+def router_argv(host: str, ports: PdPorts) -> list[str]:
+    return [
+        sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+        "--prefill", f"http://{host}:{ports.prefill}", str(ports.bootstrap),
+        "--decode", f"http://{host}:{ports.decode}",
+        "--host", host, "--port", str(ports.router), "--policy", "round_robin",
+        "--log-level", "warn",
+    ]  # fmt: skip
+
+
+def _healthy(url: str) -> bool:
+    """`url` answers 200: an instance's /health, the router's /readiness (workers registered)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class PdSet:
+    """The three processes of a PD deployment on `host` (each in its own process group)."""
+
+    ports: PdPorts
+    host: str = "127.0.0.1"
+    user_argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of all three
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.host}:{self.ports.router}"
+
+    @property
+    def prefill_url(self) -> str:
+        return f"http://{self.host}:{self.ports.prefill}"
+
+    @property
+    def decode_url(self) -> str:
+        return f"http://{self.host}:{self.ports.decode}"
+
+    def start(self, timeout_s: float = 900.0) -> PdSet:
+        """Start prefill and decode, then the router once both are healthy; wait for it."""
+        env = dict(os.environ, **self.env, SGLANG_HOST_IP=self.host)  # Mooncake binds it
+        prefill_env = dict(env, S2L_PD_ROUTER=self.router_url)
+        for role, role_env in (("prefill", prefill_env), ("decode", env)):
+            argv = instance_argv(role, self.host, self.ports, self.user_argv)
+            self.procs[role] = subprocess.Popen(argv, env=role_env, start_new_session=True)
+        try:
+            self._wait(
+                {"prefill": f"{self.prefill_url}/health", "decode": f"{self.decode_url}/health"},
+                timeout_s,
+            )
+            self.procs["router"] = subprocess.Popen(
+                router_argv(self.host, self.ports), env=env, start_new_session=True
+            )
+            self._wait({"router": f"{self.router_url}/readiness"}, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait(self, urls: dict[str, str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        waiting = dict(urls)
+        while waiting:
+            for role, url in list(waiting.items()):
+                if self.procs[role].poll() is not None:
+                    raise RuntimeError(f"PD {role} exited with {self.procs[role].returncode}")
+                if _healthy(url):
+                    del waiting[role]
+            if waiting and time.monotonic() > deadline:
+                raise TimeoutError(f"PD {sorted(waiting)} not healthy in {timeout_s:g} s")
+            if waiting:
+                time.sleep(1)
+
+    def exited(self) -> str | None:
+        """The role of a process that has exited, if any."""
+        return next((role for role, p in self.procs.items() if p.poll() is not None), None)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def __enter__(self) -> PdSet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _take(argv: list[str], name: str, default: str) -> tuple[str, list[str]]:
+    """Remove `name VALUE` / `name=VALUE` from argv; return the value and the rest."""
+    rest, value, it = [], default, iter(argv)
+    for arg in it:
+        key, eq, val = arg.partition("=")
+        if key == name:
+            value = val if eq else next(it, default)
+        else:
+            rest.append(arg)
+    return value, rest
+
+
+def serve(argv: list[str]) -> int:
+    """`s2l serve --pd [--host H] [--port P] [SGLANG_ARGS...]`: run the set until interrupted."""
+    host, argv = _take(argv, "--host", "127.0.0.1")
+    port, argv = _take(argv, "--port", "30000")
+    try:
+        ensure_prerequisites(log=lambda line: print(line, file=sys.stderr, flush=True))
+    except PdSetupError as exc:
+        print(f"s2l serve --pd: {exc}", file=sys.stderr)
+        return 2
+    pd = PdSet(PdPorts.from_base(int(port)), host=host, user_argv=argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        pd.start()
+        print(
+            f"PD deployment ready: router {pd.router_url} (/generate, ...), streams on the "
+            f"prefill instance {pd.prefill_url}/stream/..., decode {pd.decode_url}",
+            file=sys.stderr,
+            flush=True,
+        )
+        while (role := pd.exited()) is None:
+            time.sleep(1)
+        print(f"s2l serve --pd: the {role} process exited; stopping", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        pd.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1:]))
