@@ -7,7 +7,8 @@ our streams, cache flushes and the scheduler's counters. Outputs are SGLang's ou
 - `EngineBackend`: a `StreamEngine`; the replay runs on the engine's own event loop, where
   SGLang's tokenizer manager and our `StreamManager` live (no HTTP, no extra thread hops).
 - `HttpBackend`: `s2l serve` (SGLang's /generate, /open_session, /close_session, /flush_cache,
-  /abort_request, /get_server_info, and our /stream routes through `frontend.client`).
+  /abort_request, /get_server_info, and our /stream routes through `frontend.client`), or the
+  router of `s2l serve --pd` (streams on its prefill instance).
 """
 
 from __future__ import annotations
@@ -169,13 +170,32 @@ class HttpBackend:
             self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         return self._session
 
-    @property
-    def client(self):  # frontend.client.StreamClient sharing the session
+    async def streams(self):
+        """The `frontend.client.StreamClient` of the /stream routes (sharing the session).
+
+        They are on the server itself, or, when `url` is a prefill-decode router
+        (`s2l serve --pd`), on its prefill instance (docs/pd.md); plain requests still go to `url`.
+        """
         from frontend.client import StreamClient
 
         if self._client is None:
-            self._client = StreamClient(self.url, api_key=self.api_key, session=self.session)
+            url = await self._pd_prefill_url() or self.url
+            self._client = StreamClient(url, api_key=self.api_key, session=self.session)
         return self._client
+
+    async def _pd_prefill_url(self) -> str | None:
+        """The prefill instance behind an sglang-router in PD mode (its /workers), else None."""
+        import orjson
+
+        async with self.session.get(self.url + "/workers", headers=self.headers) as resp:
+            if resp.status != 200:
+                return None
+            try:
+                workers = orjson.loads(await resp.read()).get("workers", [])
+            except (orjson.JSONDecodeError, AttributeError):
+                return None
+        prefill = [w["url"] for w in workers if w.get("worker_type") == "prefill"]
+        return prefill[0] if prefill else None
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -235,23 +255,23 @@ class HttpBackend:
         await self._post("/close_session", {"session_id": sid})
 
     async def stream_open(self, sid: str, params: dict, text: str) -> None:
-        await self.client.open(sid, params, text)
+        await (await self.streams()).open(sid, params, text)
 
     async def stream_append(self, sid: str, text: str) -> None:
-        await self.client.append(sid, text)
+        await (await self.streams()).append(sid, text)
 
     async def stream_update(self, sid: str, text: str) -> None:
-        await self.client.update(sid, text)
+        await (await self.streams()).update(sid, text)
 
     async def stream_finish(self, sid: str, text: str) -> AsyncIterator[dict]:
-        async for out in self.client.finish_iter(sid, text):
+        async for out in (await self.streams()).finish_iter(sid, text):
             yield out
 
     async def stream_abort(self, sid: str) -> None:
         from frontend.errors import StreamAPIError
 
         try:
-            await self.client.abort(sid)
+            await (await self.streams()).abort(sid)
         except StreamAPIError:
             pass  # already ended
 
