@@ -1,13 +1,14 @@
 """`s2l profile`: measure the preemption cost model on this hardware and save it.
 
-- recompute(n): the time to prefill n tokens from an empty cache (a prefill-only SGLang request,
-  `max_new_tokens=0`, on a flushed cache), measured end to end on a running engine;
+- recompute(n): the time to prefill n uncached tokens (a prefill-only SGLang request,
+  `max_new_tokens=0`, whose first token no earlier request had), end to end on a running engine;
 - swap(n): swap-out plus swap-in of n tokens with SGLang's own KV copy primitives
   (`get_cpu_copy` / `load_cpu_copy`, what `radix_ext.swap` runs) on a KV pool of the model's
   shape (layers, KV heads, head size, dtype) on the engine's device.
 
 Token counts go from 16 to the context length (doubling, plus the context length itself); each
-is measured `repeats` times and the median kept. The profile is saved as JSON keyed by
+is measured `repeats` times and the fastest kept (other processes only add time); the
+recompute curve is made non-decreasing. The profile is saved as JSON keyed by
 (model, device, dtype, tp, page size) into the user's profile directory; the scheduler loads the
 matching one (`find_cost_model`), searching the user's directory, then the profiles shipped
 with the package.
@@ -15,8 +16,8 @@ with the package.
 
 from __future__ import annotations
 
+import itertools
 import os
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,13 +74,14 @@ def token_counts(context_len: int, start: int = 16) -> list[int]:
     return counts + [context_len]
 
 
-def _median_time(fn: Callable[[], Any], repeats: int) -> float:
+def _best_time(fn: Callable[[], Any], repeats: int) -> float:
+    """The fastest of `repeats` runs: other processes on the host only ever add time."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def measure_swap(
@@ -107,25 +109,39 @@ def measure_swap(
             kv_cpu = alloc.get_cpu_copy(idx.to(torch.int64))
             alloc.load_cpu_copy(kv_cpu, idx)
 
-        points.append((n, _median_time(round_trip, repeats)))
+        points.append((n, _best_time(round_trip, repeats)))
         alloc.free(idx)
     return points
 
 
 def measure_recompute(engine: Any, counts: list[int], repeats: int) -> list[tuple[int, float]]:
-    """Prefill seconds per token count on `engine` (a `StreamEngine`), cache flushed each time."""
+    """Prefill seconds per token count on `engine` (a `StreamEngine`): each request starts with
+    its own first token, so nothing is matched in the prefix cache (no flush needed; SGLang's
+    flush re-initialises the pool and slows the next request)."""
     points = []
     vocab = engine.tokenizer.vocab_size
     for n in counts:
-        times = []
-        for r in range(repeats):
-            ids = [(1000 + 7 * i + 13 * r) % vocab for i in range(n)]
-            engine.flush_cache()
-            start = time.perf_counter()
+
+        def prefill(n: int = n) -> None:
+            first = next(_FIRST_TOKENS) % vocab
+            ids = [first] + [(1000 + 7 * i) % vocab for i in range(n - 1)]
             engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})
-            times.append(time.perf_counter() - start)
-        points.append((n, statistics.median(times)))
-    return points
+
+        points.append((n, _best_time(prefill, repeats)))
+    return _nondecreasing(points)
+
+
+def _nondecreasing(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Prefill time cannot fall as tokens grow: a dip is measurement noise, raised to the
+    previous point."""
+    out, top = [], 0.0
+    for n, t in sorted(points):
+        top = max(top, t)
+        out.append((n, top))
+    return out
+
+
+_FIRST_TOKENS = itertools.count(100)
 
 
 def run_profile(
@@ -148,12 +164,15 @@ def run_profile(
         dtype = str(cfg.dtype).replace("torch.", "")
         key = key_of_server_args(args, dtype)
         context = int(engine.engine.tokenizer_manager.context_len)
-        counts = token_counts(min(context, max_tokens or context))
+        # SGLang accepts inputs strictly shorter than its max_req_input_len.
+        limit = (getattr(engine.engine.tokenizer_manager, "max_req_input_len", None) or context) - 1
+        counts = token_counts(min(limit, max_tokens or limit))
         log(f"profiling {key} at {counts} tokens, {repeats} repeats each")
         recompute = []
         for n in counts:
             recompute += measure_recompute(engine, [n], repeats)
             log(f"  recompute {n:>6} tokens: {recompute[-1][1] * 1e3:9.2f} ms")
+        recompute = _nondecreasing(recompute)
         swap = measure_swap(
             layers=cfg.num_hidden_layers,
             kv_heads=cfg.get_num_kv_heads(args.tp_size),
