@@ -1,0 +1,37 @@
+"""PD pieces without processes: the final-turn claim and the launcher's command lines."""
+
+from __future__ import annotations
+
+from sglang.srt.managers.io_struct import GenerateReqInput
+
+from s2l_sglang.pd_serve import PdPorts, instance_argv, router_argv
+from s2l_sglang.stream.pd_final import PendingFinal, RouterFinal
+
+
+def test_claim_turns_the_router_copy_into_the_session_turn_once():
+    router = RouterFinal("http://127.0.0.1:1")
+    router.pending["q::s2l-final"] = PendingFinal([7, 8], {"id": "q", "replace": True, "offset": 3})
+    copy = GenerateReqInput(input_ids=[1, 2, 3, 7, 8], rid="q::s2l-final", bootstrap_room=5)
+    assert router.claim(copy) is router.pending["q::s2l-final"]
+    assert copy.input_ids == [7, 8] and copy.session_params["offset"] == 3
+    assert copy.bootstrap_room == 5  # the router's pairing is kept
+    again = GenerateReqInput(input_ids=[1, 2, 3, 7, 8], rid="q::s2l-final")
+    assert router.claim(again) is None and again.input_ids == [1, 2, 3, 7, 8]
+    other = GenerateReqInput(input_ids=[1], rid="other::s2l-final")
+    assert router.claim(other) is None and other.session_params is None
+
+
+def test_launcher_command_lines():
+    ports = PdPorts.from_base(40000)
+    prefill = instance_argv("prefill", "127.0.0.1", ports, ["--dtype", "float32"])
+    assert prefill[-2:] == ["--dtype", "float32"]
+    assert "prefill" in prefill and str(ports.bootstrap) in prefill and "40001" in prefill
+    decode = instance_argv("decode", "127.0.0.1", ports, [])
+    assert "decode" in decode and "--disaggregation-bootstrap-port" not in decode
+    assert "mooncake_tcp" in prefill and "mooncake_tcp" in decode
+    router = router_argv("127.0.0.1", ports)
+    assert router[router.index("--prefill") + 1 : router.index("--prefill") + 3] == [
+        "http://127.0.0.1:40001",
+        "40003",
+    ]
+    assert router[router.index("--decode") + 1] == "http://127.0.0.1:40002"
