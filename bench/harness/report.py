@@ -90,7 +90,10 @@ def _preempted(run: dict) -> str:
     sched = run.get("sched")
     if not sched:
         return "n/a"
-    return str(sched.get("preemptions_recompute", 0) + sched.get("preemptions_swap", 0))
+    recompute, swap = sched.get("preemptions_recompute", 0), sched.get("preemptions_swap", 0)
+    if not swap:
+        return str(recompute)
+    return f"{recompute + swap} ({recompute} recompute, {swap} swap)"
 
 
 def _tokens(v: float | None) -> str:

@@ -110,7 +110,7 @@ def test_markdown_has_the_header_tables_and_closing_note(tmp_path):
     assert cells[1] == "1.000"  # the speed probe
     assert cells[2] == "3/3" and cells[3] == "1.000" and cells[6] == "2.00x"
     assert cells[9] == "4.00x"  # TTFT / bound p50: 1.0 / 0.25
-    assert cells[-1] == "2"  # preemptions from the scheduler counters
+    assert cells[-1] == "2"  # preemptions from the scheduler counters (all by recompute)
     assert cells[-3] == "300" and cells[-2] == "21"  # prefilled and invalidated over 3 queries
     sessions_row = next(line for line in md.splitlines() if line.startswith("| `sessions`"))
     assert "2/3" in sessions_row and "fail" in sessions_row and sessions_row.endswith("n/a |")
@@ -130,3 +130,12 @@ def test_formatting():
     assert fmt_s(0.12345) == "0.123" and fmt_s(12.345) == "12.3" and fmt_s("inf") == "fail"
     assert fmt_s(None) == "-" and fmt_x(2.345) == "2.35x" and fmt_x(None) == "-"
     assert markdown(make_result() | {"runs": []}).count("## Closing note") == 1
+
+
+def test_preemptions_are_split_by_mode_when_some_swapped():
+    from bench.harness.report import _preempted
+
+    assert _preempted({"sched": None}) == "n/a"
+    assert _preempted({"sched": {"preemptions_recompute": 3, "preemptions_swap": 0}}) == "3"
+    swapped = {"sched": {"preemptions_recompute": 1, "preemptions_swap": 2}}
+    assert _preempted(swapped) == "3 (1 recompute, 2 swap)"
