@@ -174,6 +174,9 @@ class StreamEngine:
     # ---- lifecycle --------------------------------------------------------------------------
 
     def shutdown(self) -> None:
+        """Stop the engine. SGLang's `Engine.shutdown` kills every child process of this
+        process, other engines and servers started from it included: keep one in-process engine
+        per process, or shut down only at the end."""
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=30)
         self.engine.shutdown()

@@ -1,0 +1,72 @@
+"""The KV-pressure scenario, run as its own process by test_kv_pressure.py.
+
+Own process because SGLang's `Engine.shutdown()` kills every child process of its process
+(`kill_process_tree(os.getpid(), include_parent=False)`): an in-process engine shut down inside
+the test session would take the session's other engines and servers with it.
+
+Usage: python -m tests.integration.kv_pressure_run POLICY PREEMPTION  (prints one JSON line)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+QUESTION = "\nQuestion: What is this text about?\nAnswer:"
+POOL_TOKENS = 700  # the KV pool: fewer tokens than the streams below hold together
+STREAMS = 4
+
+
+def context(i: int) -> str:
+    words = [f"item{i}-{k}" for k in range(50)]
+    return f"Document {i}: " + " ".join(words) + ". "
+
+
+def run(policy: str, preemption: str) -> dict:
+    from s2l_sglang.stream.engine import StreamEngine
+
+    os.environ["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"  # a leaked KV slot fails
+    eng = StreamEngine(
+        stream_policy=policy,
+        preemption=preemption,
+        idle_timeout=None,
+        log_level="error",
+        max_total_tokens=POOL_TOKENS,
+        context_length=512,
+        chunked_prefill_size=128,
+    )
+    sizes = [len(eng.tokenizer.encode(context(i), add_special_tokens=False)) for i in range(4)]
+    for i in range(STREAMS):  # all open and prefilled in two chunks; idle streams hold KV
+        eng.open_stream(f"p{i}", GREEDY, context(i)[:150])
+        eng.append(f"p{i}", context(i)[150:])
+        time.sleep(0.2)
+    results: dict[int, dict] = {}
+
+    def finish(i: int) -> None:
+        results[i] = eng.finish(f"p{i}", QUESTION)
+
+    threads = [threading.Thread(target=finish, args=(i,)) for i in reversed(range(STREAMS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    refs = {}
+    for i in range(STREAMS):
+        ids = eng.tokenizer.encode(context(i) + QUESTION, add_special_tokens=False)
+        refs[i] = eng.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"]
+    return {
+        "pool": POOL_TOKENS,
+        "sizes": sizes,
+        "outputs": {i: r["output_ids"] for i, r in results.items()},
+        "refs": refs,
+        "counters": eng.sched_counters(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(sys.argv[1], sys.argv[2])), flush=True)
+    os._exit(0)  # the engine's processes go with this one
