@@ -31,6 +31,7 @@ from typing import ClassVar
 from bench.harness.backends import Backend
 from bench.harness.queries import Query
 from bench.harness.record import QueryRecord, Timeline, has_token
+from s2l_sglang.registry import Registry
 
 PREFILL_ONLY = {"max_new_tokens": 0}
 _nonce = itertools.count()
@@ -64,29 +65,20 @@ class Mode:
         return f"b{next(_nonce)}-{label}-{query.id}"[:200].replace("::", "-")
 
 
-_MODES: dict[str, type[Mode]] = {}
+_MODES: Registry[type[Mode]] = Registry("mode")
 
 
 def register(name: str) -> Callable[[type[Mode]], type[Mode]]:
-    def deco(cls: type[Mode]) -> type[Mode]:
-        if name in _MODES:
-            raise ValueError(f"mode {name!r} is already registered")
-        cls.name = name
-        _MODES[name] = cls
-        return cls
-
-    return deco
+    return _MODES.register(name)
 
 
 def mode_names() -> list[str]:
-    return list(_MODES)
+    return _MODES.names()
 
 
 def get_mode(name: str, policy: str | None = None) -> Mode:
     """A mode by name (`stream` takes the engine's policy for its label)."""
-    if name not in _MODES:
-        raise ValueError(f"unknown mode {name!r}; choose from {mode_names()}")
-    return _MODES[name](policy)
+    return _MODES.get(name)(policy)
 
 
 async def consume(outputs: AsyncIterator[dict], rec: QueryRecord, tl: Timeline) -> dict:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import ClassVar
 
+from s2l_sglang.registry import Registry
 from s2l_sglang.sched.snapshot import ReqView
 
 _F = ReqView._fields  # getters by index: faster than attrgetter on a NamedTuple
@@ -41,33 +42,22 @@ class Policy:
         raise NotImplementedError
 
 
-_POLICIES: dict[str, type[Policy]] = {}
+_POLICIES: Registry[type[Policy]] = Registry("policy")
 
 
 def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
     """Class decorator: make a `Policy` subclass selectable as `name`."""
-
-    def deco(cls: type[Policy]) -> type[Policy]:
-        if name in _POLICIES:
-            raise ValueError(f"policy {name!r} is already registered")
-        cls.name = name
-        _POLICIES[name] = cls
-        return cls
-
-    return deco
+    return _POLICIES.register(name)
 
 
 def policy_names() -> list[str]:
     """Registered policy names, in registration order (for CLI `choices`)."""
-    return list(_POLICIES)
+    return _POLICIES.names()
 
 
 def get_policy(name: str) -> Policy:
     """A new instance of the policy registered as `name`."""
-    try:
-        return _POLICIES[name]()
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose from {policy_names()}") from None
+    return _POLICIES.get(name)()
 
 
 def _split(views: list[ReqView], by_complete: bool) -> list[list[ReqView]]:

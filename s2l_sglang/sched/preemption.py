@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar
 
+from s2l_sglang.registry import Registry
 from s2l_sglang.sched.costmodel import Choice, CostModel
 
 
@@ -26,33 +27,21 @@ class Preemption:
         raise NotImplementedError
 
 
-_MODES: dict[str, type[Preemption]] = {}
+_MODES: Registry[type[Preemption]] = Registry("preemption mode")
 
 
 def register_preemption(name: str) -> Callable[[type[Preemption]], type[Preemption]]:
     """Class decorator: make a `Preemption` subclass selectable as `name`."""
-
-    def deco(cls: type[Preemption]) -> type[Preemption]:
-        if name in _MODES:
-            raise ValueError(f"preemption mode {name!r} is already registered")
-        cls.name = name
-        _MODES[name] = cls
-        return cls
-
-    return deco
+    return _MODES.register(name)
 
 
 def preemption_names() -> list[str]:
-    return list(_MODES)
+    return _MODES.names()
 
 
 def get_preemption(name: str, cost_model: CostModel | None = None) -> Preemption:
     """A new instance of mode `name`; `auto` requires `cost_model`."""
-    try:
-        cls = _MODES[name]
-    except KeyError:
-        raise ValueError(f"unknown preemption mode {name!r}; choose {preemption_names()}") from None
-    return cls(cost_model)
+    return _MODES.get(name)(cost_model)
 
 
 def _swap_fits(cached_tokens: int, host_free_kv: int | None) -> bool:

@@ -313,7 +313,7 @@ def test_invariants_hold_for_a_policy_that_mixes_idle_requests_in(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # a third-party policy need not rank idle requests last (idle_last False): the general path
-    monkeypatch.setattr(policy_mod, "_POLICIES", dict(policy_mod._POLICIES))
+    monkeypatch.setattr(policy_mod._POLICIES, "classes", dict(policy_mod._POLICIES.classes))
 
     @register("by-rid")
     class ByRid(Policy):

@@ -55,7 +55,7 @@ def test_registry_names_and_errors() -> None:
 
 
 def test_new_policy_is_one_class(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(policy_mod, "_POLICIES", dict(policy_mod._POLICIES))
+    monkeypatch.setattr(policy_mod._POLICIES, "classes", dict(policy_mod._POLICIES.classes))
 
     @register("by-rid-desc")
     class ByRidDesc(Policy):
