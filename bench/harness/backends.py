@@ -17,6 +17,8 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
+from s2l_sglang.stream.engine import sched_counters_from
+
 T = TypeVar("T")
 SESSION_CAPACITY = 1 << 30
 
@@ -128,14 +130,7 @@ class EngineBackend:
     async def sched_counters(self) -> dict | None:
         """The scheduler's stream counters, if the plugin exports them (`s2l_sched`)."""
         states = await self.tm.get_internal_state()
-        return _sched_from_states(states)
-
-
-def _sched_from_states(states: Any) -> dict | None:
-    for state in states or []:
-        if isinstance(state, dict) and isinstance(state.get("s2l_sched"), dict):
-            return dict(state["s2l_sched"])
-    return None
+        return sched_counters_from(states)
 
 
 class HttpBackend:
@@ -289,4 +284,4 @@ class HttpBackend:
             if resp.status != 200:
                 return None
             info = orjson.loads(await resp.read())
-        return _sched_from_states(info.get("internal_states"))
+        return sched_counters_from(info.get("internal_states"))

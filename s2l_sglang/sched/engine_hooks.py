@@ -194,9 +194,12 @@ class StreamScheduling:
         if not (scheduler.waiting_queue or scheduler.chunked_req):
             return []
         views = self.snapshot(scheduler)
+        # The next admission SGLang will try: the policy's first waiting request. Ordered at
+        # most once per step, and only where needed (swap-in, or KV held by preemptible streams).
+        first: ReqView | None | bool = False
         if self.host is not None and self.host.entries:
-            head = next((v for v in self.policy.order(views) if v.state == "waiting"), None)
-            self._swap_in_waiting(scheduler, head.rid if head is not None else None)
+            first = self._first_waiting(views)
+            self._swap_in_waiting(scheduler, first.rid if first is not None else None)
         if not scheduler.tree_cache.session.slots:
             return []
         if os.environ.get("S2L_DEBUG_SCHED"):
@@ -217,9 +220,8 @@ class StreamScheduling:
                 chunked.kv.kv_allocated_len if chunked.kv.holds_kv else 0
             )
             free_kv -= max(0, min(left, chunk))
-        # The budget is the next admission SGLang will try: the policy's first waiting request.
-        order = self.policy.order(views)
-        first = next((v for v in order if v.state == "waiting"), None)
+        if first is False:
+            first = self._first_waiting(views)
         if first is None:
             return []
         self.counters.plan_calls += 1
@@ -243,6 +245,9 @@ class StreamScheduling:
                 ", ".join(released),
             )
         return released
+
+    def _first_waiting(self, views: list[ReqView]) -> ReqView | None:
+        return next((v for v in self.policy.order(views) if v.state == "waiting"), None)
 
     def _preempt(self, scheduler: Any, sid: str, cached: int) -> str:
         """Preempt stream `sid` holding `cached` KV tokens: swap or recompute, per victim."""

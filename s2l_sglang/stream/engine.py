@@ -166,10 +166,7 @@ class StreamEngine:
     def sched_counters(self) -> dict[str, int]:
         """The scheduler's stream counters (policy, preemptions by mode, tokens swapped ...)."""
         states = self._call(self.engine.tokenizer_manager.get_internal_state())
-        for state in states or []:
-            if isinstance(state, dict) and isinstance(state.get("s2l_sched"), dict):
-                return dict(state["s2l_sched"])
-        return {}
+        return sched_counters_from(states) or {}
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -186,3 +183,11 @@ class StreamEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def sched_counters_from(states: Any) -> dict | None:
+    """The plugin's `s2l_sched` entry in SGLang's internal states (one per scheduler), if any."""
+    for state in states or []:
+        if isinstance(state, dict) and isinstance(state.get("s2l_sched"), dict):
+            return dict(state["s2l_sched"])
+    return None
