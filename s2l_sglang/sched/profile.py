@@ -114,10 +114,12 @@ def measure_swap(
     return points
 
 
-def measure_recompute(engine: Any, counts: list[int], repeats: int) -> list[tuple[int, float]]:
+def measure_recompute(
+    engine: Any, counts: list[int], repeats: int, log: Callable[[str], None] = lambda s: None
+) -> list[tuple[int, float]]:
     """Prefill seconds per token count on `engine` (a `StreamEngine`): each request starts with
     its own first token, so nothing is matched in the prefix cache (no flush needed; SGLang's
-    flush re-initialises the pool and slows the next request)."""
+    flush re-initialises the pool and slows the next request). Each point is logged as measured."""
     points = []
     vocab = engine.tokenizer.vocab_size
     for n in counts:
@@ -128,6 +130,7 @@ def measure_recompute(engine: Any, counts: list[int], repeats: int) -> list[tupl
             engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})
 
         points.append((n, _best_time(prefill, repeats)))
+        log(f"  recompute {n:>6} tokens: {points[-1][1] * 1e3:9.2f} ms")
     return _nondecreasing(points)
 
 
@@ -168,11 +171,7 @@ def run_profile(
         limit = (getattr(engine.engine.tokenizer_manager, "max_req_input_len", None) or context) - 1
         counts = token_counts(min(limit, max_tokens or limit))
         log(f"profiling {key} at {counts} tokens, {repeats} repeats each")
-        recompute = []
-        for n in counts:
-            recompute += measure_recompute(engine, [n], repeats)
-            log(f"  recompute {n:>6} tokens: {recompute[-1][1] * 1e3:9.2f} ms")
-        recompute = _nondecreasing(recompute)
+        recompute = measure_recompute(engine, counts, repeats, log)
         swap = measure_swap(
             layers=cfg.num_hidden_layers,
             kv_heads=cfg.get_num_kv_heads(args.tp_size),
