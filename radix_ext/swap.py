@@ -74,6 +74,7 @@ class HostKVPool:
         if slot is None or not slot.kv.holds_kv or cache.page_size != 1:
             return 0
         n = min(slot.kv.kv_committed_len, len(tokens))
+        # A stale copy of this stream (its turn was admitted without a swap-in) is replaced.
         if n <= 0 or n > self.free_tokens - (self.entries[sid].size if sid in self else 0):
             return 0
         indices = cache.req_to_token_pool.req_to_token[slot.kv.req_pool_idx, :n].to(torch.int64)
