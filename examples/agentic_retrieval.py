@@ -17,8 +17,10 @@ were still unprefilled at finish).
 
 Data: SQuAD v1.1 dev (Rajpurkar, Zhang, Lopyrev, Liang: "SQuAD: 100,000+ Questions for Machine
 Comprehension of Text", EMNLP 2016), CC BY-SA 4.0: 48 Wikipedia articles, 2,067 paragraphs,
-10,570 questions. Retriever: bm25s (BM25 on sparse matrices), pinned in
-requirements-workloads.txt: `.venv/bin/pip install bm25s==0.3.16`.
+10,570 questions, shipped in the repository (`datasets/squad/`, see its CARD.md) and read by
+`bench.workloads.squad.load_squad` (`--squad PATH` for another copy, .json or .json.xz).
+Retriever: bm25s (BM25 on sparse matrices), pinned in requirements-workloads.txt (installed by
+`make`).
 
     .venv/bin/python examples/agentic_retrieval.py                  # in-process engine, CPU
     .venv/bin/python examples/agentic_retrieval.py --mode update --compare
@@ -41,10 +43,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_SQUAD = REPO.parent / "shared" / "data" / "squad" / "squad-v1.1-dev.json"
+from bench.workloads.squad import DEFAULT_SQUAD
+from bench.workloads.squad import load_squad as read_squad
 
 
 @dataclass(frozen=True)
@@ -66,15 +66,9 @@ class Question:
 
 def load_squad(path: Path) -> tuple[list[Paragraph], list[Question]]:
     """All paragraphs of the SQuAD file, and its questions tied to their paragraph."""
-    data = orjson.loads(path.read_bytes())["data"]
-    paragraphs: list[Paragraph] = []
-    questions: list[Question] = []
-    for article in data:
-        for para in article["paragraphs"]:
-            for qa in para["qas"]:
-                answers = [a if isinstance(a, str) else a["text"] for a in qa["answers"]]
-                questions.append(Question(qa["id"], qa["question"], answers, len(paragraphs)))
-            paragraphs.append(Paragraph(article["title"], para["context"]))
+    squad = read_squad(path)
+    paragraphs = [Paragraph(t, p) for t, p in zip(squad.titles, squad.paragraphs, strict=True)]
+    questions = [Question(q.id, q.text, list(q.answers), q.gold) for q in squad.questions]
     return paragraphs, questions
 
 
@@ -87,8 +81,7 @@ class Retriever:
             from bm25s.stopwords import STOPWORDS_EN
         except ImportError as exc:
             raise SystemExit(
-                "this example needs bm25s: .venv/bin/pip install bm25s==0.3.16 "
-                "(or -r requirements-workloads.txt)"
+                "this example needs bm25s (pinned in requirements-workloads.txt): run `make venv`"
             ) from exc
 
         self.bm25s = bm25s
@@ -192,7 +185,9 @@ def make_backend(args: argparse.Namespace):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--squad", type=Path, default=DEFAULT_SQUAD, help="SQuAD v1.1 JSON file")
+    parser.add_argument(
+        "--squad", type=Path, default=DEFAULT_SQUAD, help="SQuAD v1.1 JSON file (.json or .json.xz)"
+    )
     parser.add_argument("--index", type=int, default=0, help="question number in the file")
     parser.add_argument("--question-id", help="SQuAD question id (overrides --index)")
     parser.add_argument("--mode", choices=["append", "update"], default="append")

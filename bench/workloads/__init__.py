@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+REPO_ROOT = Path(__file__).resolve().parents[2]  # data shipped in the repository: datasets/
 
 
 def cache_dir(*parts: str) -> Path:

@@ -3,13 +3,13 @@
     python -m bench.workloads.ann --out datasets/ann/traces.jsonl.xz [--seed 0] [--num-queries 200]
         [--max-context-tokens 6000]
 
-Corpus and questions: SQuAD v1.1 dev (../shared/data, CC BY-SA 4.0). Each question is embedded
-with all-MiniLM-L6-v2 and searched progressively in a faiss HNSW index of the 2,067 paragraph
-embeddings (`bench.workloads.progressive`); every emitted top-k pool is an update event whose
-content is the pool's paragraphs in rank order (one per line), cut to the token budget. The
-modelled timeline comes from `bench.workloads.latency`; `t_measured` is the real time of query
-embedding plus search up to the end of that pool's window. Writes traces, stats.json (beside
-the traces) and the statistics block of CARD.md there.
+Corpus and questions: SQuAD v1.1 dev, shipped in datasets/squad/ (CC BY-SA 4.0; `--squad PATH`
+reads another copy). Each question is embedded with all-MiniLM-L6-v2 and searched progressively
+in a faiss HNSW index of the 2,067 paragraph embeddings (`bench.workloads.progressive`); every
+emitted top-k pool is an update event whose content is the pool's paragraphs in rank order (one
+per line), cut to the token budget. The modelled timeline comes from `bench.workloads.latency`;
+`t_measured` is the real time of query embedding plus search up to the end of that pool's
+window. Writes traces, stats.json (beside the traces) and the statistics block of CARD.md there.
 """
 
 from __future__ import annotations
