@@ -47,7 +47,7 @@ def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
     from s2l_sglang.defaults import server_argv
 
     if "--pd" in rest:  # a prefill-decode deployment: prefill, decode and sglang-router
-        from s2l_sglang.pd_serve import serve as serve_pd
+        from s2l_sglang.pd.serve import serve as serve_pd
 
         return serve_pd(_take_serve_options([arg for arg in rest if arg != "--pd"]))
     rest = _take_serve_options(rest)

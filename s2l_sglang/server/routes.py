@@ -48,7 +48,7 @@ def stream_manager():
             tm, page_size=tm.server_args.page_size or 1, idle_timeout=timeout or None
         )
         if tm.server_args.disaggregation_mode == "prefill":  # final turns via the PD router
-            from s2l_sglang.stream import pd_final
+            from s2l_sglang.pd import final as pd_final
 
             router = pd_final.activate(os.environ.get("S2L_PD_ROUTER"))
             _manager.final_outputs = router.outputs

@@ -42,9 +42,9 @@ def pd():
     SGLang's strict idle memory check is on: KV leaked on an instance (a stream's rows not
     freed when its session closes) stops that instance, and the last test fails.
     """
-    from s2l_sglang.pd_serve import PdPorts, PdSet, ensure_prerequisites
+    from s2l_sglang.pd.serve import PdPorts, PdSet, check_prerequisites
 
-    ensure_prerequisites()
+    check_prerequisites()  # installs nothing: missing pieces fail here, naming `make pd-deps`
     argv = ["--max-total-tokens", "16384", "--log-level", "error"]
     env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
     ports = PdPorts.from_base(_free_block(4))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from sglang.srt.managers.io_struct import GenerateReqInput
 
-from s2l_sglang.pd_serve import PdPorts, instance_argv, router_argv
-from s2l_sglang.stream.pd_final import PendingFinal, RouterFinal
+from s2l_sglang.pd.final import PendingFinal, RouterFinal
+from s2l_sglang.pd.serve import PdPorts, instance_argv, router_argv
 
 
 def test_claim_turns_the_router_copy_into_the_session_turn_once():
@@ -35,3 +36,29 @@ def test_launcher_command_lines():
         "40003",
     ]
     assert router[router.index("--decode") + 1] == "http://127.0.0.1:40002"
+
+
+def test_missing_prerequisites_fail_at_once_naming_make_pd_deps(monkeypatch, capsys):
+    """`s2l serve --pd` installs nothing: a missing piece stops it (exit 2) before any process."""
+    from s2l_sglang.pd import serve as pd_serve
+
+    monkeypatch.setitem(pd_serve.PYPI, "s2l_no_such_module", "s2l-no-such-package==1.0")
+    monkeypatch.setitem(pd_serve.DEBIAN_LIBS, "libs2l-no-such.so.0", "libs2l-no-such0")
+    with pytest.raises(pd_serve.PdSetupError, match="make pd-deps") as info:
+        pd_serve.check_prerequisites()
+    assert "s2l-no-such-package==1.0" in str(info.value) and "libs2l-no-such0" in str(info.value)
+
+    def started(*args, **kwargs):
+        raise AssertionError(f"nothing may run or be installed: {args}")
+
+    monkeypatch.setattr(pd_serve.subprocess, "run", started)
+    monkeypatch.setattr(pd_serve.subprocess, "Popen", started)
+    assert pd_serve.serve(["--port", "40000"]) == 2
+    assert "make pd-deps" in capsys.readouterr().err
+
+
+def test_plugin_lists_the_pd_hooks():
+    from s2l_sglang import pd, plugin
+
+    targets = {target for target, _, _ in plugin.hooks()}
+    assert {target for target, _, _ in pd.stream_hooks()} <= targets

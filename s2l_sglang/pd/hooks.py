@@ -1,4 +1,4 @@
-"""Prefill-decode disaggregation: the plugin's hooks for SGLang's PD mode (listed in `plugin.py`).
+"""The plugin's hooks for SGLang's prefill-decode (PD) mode (listed in `s2l_sglang/plugin.py`).
 
 Two CPU fixes for SGLang's PD path without a CUDA driver (`cpu_hooks`), and the hooks that let a
 stream live on a prefill instance (`stream_hooks`): its prefill-only turns stay there (no KV
@@ -71,7 +71,7 @@ def _stream_turns_on_prefill(original: Callable, self, obj, *args, **kwargs):
         or stream_of(rid) is None
     ):
         return original(self, obj, *args, **kwargs)
-    from s2l_sglang.stream import pd_final
+    from s2l_sglang.pd import final as pd_final
 
     router = pd_final.active()
     pending = router.claim(obj) if router is not None else None

@@ -5,9 +5,10 @@
     decode   :PORT+2    `s2l serve --disaggregation-mode decode`
 
 KV moves from prefill to decode over TCP (Mooncake's `mooncake_tcp` transfer backend, PyPI
-`mooncake-transfer-engine-non-cuda`). `ensure_prerequisites` installs what is missing: the two
-PyPI packages (pinned in requirements-cpu.txt) and the three Debian libraries the Mooncake wheel
-loads even for TCP (as root, with apt-get; otherwise it stops with the exact command).
+`mooncake-transfer-engine-non-cuda`). Nothing is installed here: `check_prerequisites` fails at
+once, naming `make pd-deps`, when the two PyPI packages (the `.[pd]` extra, pinned in
+requirements-cpu.txt) or the three Debian libraries the Mooncake wheel loads even for TCP are
+missing. `make pd-deps` (also run by `make venv`) installs them.
 """
 
 from __future__ import annotations
@@ -15,69 +16,48 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PIP_PINS = ("sglang-router==0.3.2", "mooncake-transfer-engine-non-cuda==0.3.13.post1")
+PYPI = {  # module -> PyPI pin (the `.[pd]` extra; requirements-cpu.txt)
+    "sglang_router": "sglang-router==0.3.2",
+    "mooncake": "mooncake-transfer-engine-non-cuda==0.3.13.post1",
+}
 DEBIAN_LIBS = {  # shared object -> Debian package
     "libibverbs.so.1": "libibverbs1",
     "libnl-3.so.200": "libnl-3-200",
     "libnl-route-3.so.200": "libnl-route-3-200",
 }
+INSTALL_COMMAND = "make pd-deps"  # the one documented command that installs all of the above
 TRANSFER_BACKEND = "mooncake_tcp"
 
 
 class PdSetupError(RuntimeError):
-    """A prerequisite of the PD deployment is missing and could not be installed."""
+    """A prerequisite of the PD deployment is missing (`make pd-deps` installs them)."""
 
 
-def _apt_command(packages: list[str]) -> list[str]:
-    return ["apt-get", "install", "-y", "--no-install-recommends", *packages]
-
-
-def _missing_libs() -> list[str]:
-    missing = []
+def missing_prerequisites() -> list[str]:
+    """What the PD deployment lacks, as PyPI pins and Debian packages (empty when all is there)."""
+    missing = [pin for module, pin in PYPI.items() if importlib.util.find_spec(module) is None]
     for lib, package in DEBIAN_LIBS.items():
         try:
             ctypes.CDLL(lib)
         except OSError:
-            missing.append(package)
+            missing.append(f"{package} (Debian, {lib})")
     return missing
 
 
-def _install_debian(packages: list[str], log: Callable[[str], None]) -> None:
-    command = _apt_command(packages)
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise PdSetupError(
-            "the Mooncake transfer engine needs Debian libraries that are not installed; run: "
-            f"sudo {' '.join(command)}"
-        )
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    log("+ " + " ".join(command))
-    if subprocess.run(command, env=env, stdin=subprocess.DEVNULL).returncode != 0:
-        log("+ apt-get update")  # stale or missing package lists
-        subprocess.run(["apt-get", "update"], env=env, stdin=subprocess.DEVNULL, check=False)
-        if subprocess.run(command, env=env, stdin=subprocess.DEVNULL).returncode != 0:
-            raise PdSetupError(f"could not install {packages}; run: {' '.join(command)}")
-
-
-def ensure_prerequisites(log: Callable[[str], None] = print) -> None:
-    """Install what the PD deployment needs (idempotent; a no-op when all is there)."""
-    wanted = {"sglang_router": PIP_PINS[0], "mooncake": PIP_PINS[1]}
-    pins = [pin for module, pin in wanted.items() if importlib.util.find_spec(module) is None]
-    if pins:
-        command = [sys.executable, "-m", "pip", "install", "-q", *pins]
-        log("+ " + " ".join(command))
-        if subprocess.run(command, stdin=subprocess.DEVNULL).returncode != 0:
-            raise PdSetupError(f"could not install {pins}; run: {' '.join(command)}")
-    missing = _missing_libs()
+def check_prerequisites() -> None:
+    """Raise `PdSetupError` at once if a prerequisite is missing; install nothing."""
+    missing = missing_prerequisites()
     if missing:
-        _install_debian(missing, log)
+        raise PdSetupError(
+            f"the PD deployment needs {', '.join(missing)}; install them with `{INSTALL_COMMAND}` "
+            "in the repository (docs/pd.md)"
+        )
     probe = [sys.executable, "-c", "import mooncake.engine"]
     done = subprocess.run(probe, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
@@ -228,7 +208,7 @@ def serve(argv: list[str]) -> int:
     host, argv = _take(argv, "--host", "127.0.0.1")
     port, argv = _take(argv, "--port", "30000")
     try:
-        ensure_prerequisites(log=lambda line: print(line, file=sys.stderr, flush=True))
+        check_prerequisites()
     except PdSetupError as exc:
         print(f"s2l serve --pd: {exc}", file=sys.stderr)
         return 2
