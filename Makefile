@@ -6,13 +6,38 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.s2l-installed
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: venv model demo test test-unit lint format clean workloads
+# What `s2l serve --pd` (and tests/e2e/test_pd.py) loads beyond the CPU set: shared object:Debian package
+PD_LIBS := libibverbs.so.1:libibverbs1 libnl-3.so.200:libnl-3-200 libnl-route-3.so.200:libnl-route-3-200
+
+.PHONY: venv pd-deps model demo test test-unit lint format clean workloads
 
 workloads: venv  ## regenerate both workload traces (seeded) into datasets/
 	$(PY) -m bench.workloads.ann --out datasets/ann/traces.jsonl.xz
 	$(PY) -m bench.workloads.crawler --out datasets/crawler/traces.jsonl
 
-venv: $(STAMP)
+venv: $(STAMP) pd-deps
+
+# The prefill-decode prerequisites: the `.[pd]` PyPI packages (pinned in requirements-cpu.txt, so
+# normally already there) and the Debian libraries the Mooncake wheel loads even for TCP
+# (apt-get, as root or with sudo; `apt-get update` only if the install fails). Idempotent.
+pd-deps: $(STAMP)
+	@$(PY) -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('sglang_router', 'mooncake')))" \
+	  || $(PIP) -c requirements-cpu.txt sglang-router mooncake-transfer-engine-non-cuda
+	@missing=""; for pair in $(PD_LIBS); do \
+	  $(PY) -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$${pair%%:*}" 2>/dev/null || missing="$$missing $${pair##*:}"; \
+	done; \
+	[ -z "$$missing" ] && exit 0; \
+	install="apt-get install -y --no-install-recommends$$missing"; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; \
+	else echo "the PD deployment needs the Debian packages$$missing; as root, run: $$install" >&2; exit 1; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "the PD deployment needs the Debian packages$$missing (no apt-get here: install their libraries)" >&2; exit 1; fi; \
+	echo "+ $${sudo:+sudo }$$install"; \
+	$$sudo env DEBIAN_FRONTEND=noninteractive $$install </dev/null \
+	  || { echo "+ $${sudo:+sudo }apt-get update"; $$sudo env DEBIAN_FRONTEND=noninteractive apt-get update </dev/null \
+	       && $$sudo env DEBIAN_FRONTEND=noninteractive $$install </dev/null; } \
+	  || { echo "could not install$$missing; run: $${sudo:+sudo }$$install" >&2; exit 1; }
 
 $(STAMP): requirements-cpu.txt requirements-workloads.txt requirements-nodeps.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
