@@ -3,60 +3,33 @@
 s2l serve [SGLANG_ARGS...]   SGLang's HTTP server with the plugin (embedded model, CPU defaults)
 s2l model prepare            convert the embedded GGUF model once; print its folder
 s2l demo [--json]            the main job: streaming TTFT against waiting for the full context
-s2l bench --preset NAME      replay workload traces (see bench/README.md)
+s2l bench --preset NAME      replay workload traces (bench/README.md)
 s2l profile                  measure the preemption cost model (recompute vs swap) and save it
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-_SERVE_OPTIONS = {
-    "--stream-policy": "S2L_STREAM_POLICY",
-    "--stream-idle-timeout": "S2L_STREAM_IDLE_TIMEOUT",
-    "--preemption": "S2L_PREEMPTION",
-    "--host-kv-tokens": "S2L_HOST_KV_TOKENS",
-    "--stream-pd-router": "S2L_PD_ROUTER",
-}
-
-
-def _take_serve_options(rest: list[str]) -> list[str]:
-    """Move our own serve options into the environment SGLang's processes inherit."""
-    from s2l_sglang.sched.policy import get_policy
-    from s2l_sglang.sched.preemption import preemption_names
-
-    out: list[str] = []
-    it = iter(rest)
-    for arg in it:
-        name, eq, value = arg.partition("=")
-        if name in _SERVE_OPTIONS:
-            value = value if eq else next(it, "")
-            if name == "--stream-policy":
-                get_policy(value)
-            if name == "--preemption" and value not in preemption_names():
-                raise SystemExit(f"--preemption: choose one of {preemption_names()}")
-            os.environ[_SERVE_OPTIONS[name]] = value
-        else:
-            out.append(arg)
-    return out
 
 
 def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
-    from s2l_sglang.defaults import server_argv
+    from s2l_sglang.config import split_argv
 
     if "--pd" in rest:  # a prefill-decode deployment: prefill, decode and sglang-router
         from s2l_sglang.pd.serve import serve as serve_pd
 
-        return serve_pd(_take_serve_options([arg for arg in rest if arg != "--pd"]))
-    rest = _take_serve_options(rest)
-    if os.environ.get("S2L_PREEMPTION", "auto") == "auto":
-        _ensure_profile(server_argv(rest))
-    argv = [sys.executable, "-m", "sglang.launch_server", *server_argv(rest)]
-    print("+ " + " ".join(argv[1:]), file=sys.stderr, flush=True)
-    os.execv(sys.executable, argv)
-    return 0  # not reached
+        return serve_pd([arg for arg in rest if arg != "--pd"])
+    config, sglang_args = split_argv(rest)  # exits with a usage error on a bad value
+    from s2l_sglang.defaults import server_argv
+
+    argv = server_argv(sglang_args)
+    if config.preemption == "auto":
+        _ensure_profile(argv)
+    print("+ sglang serve " + " ".join(argv), file=sys.stderr, flush=True)
+    from s2l_sglang.server.launch import launch_server
+
+    return launch_server(argv, config)
 
 
 def _argv_value(argv: list[str], name: str, default: str | None = None) -> str | None:
@@ -71,7 +44,8 @@ def _argv_value(argv: list[str], name: str, default: str | None = None) -> str |
 def _ensure_profile(argv: list[str]) -> None:
     """Before serving with `--preemption auto`: profile the setup if no saved profile matches
     (the scheduler loads it; without one it preempts by recompute)."""
-    from s2l_sglang.sched.profile import find_cost_model, profile_key, run_profile
+    from s2l_sglang.profile import run_profile
+    from s2l_sglang.sched.costmodel import find_cost_model, profile_key
 
     dtype = _argv_value(argv, "--dtype", "auto")
     if dtype == "auto":  # resolved from the model config in the scheduler only
@@ -92,7 +66,8 @@ def _ensure_profile(argv: list[str]) -> None:
 def _cmd_profile(args: argparse.Namespace, rest: list[str]) -> int:
     from pathlib import Path
 
-    from s2l_sglang.sched.profile import SHIPPED_DIR, run_profile
+    from s2l_sglang.profile import run_profile
+    from s2l_sglang.sched.costmodel import SHIPPED_DIR
 
     kwargs: dict = {}
     for name in ("model_path", "dtype", "page_size", "context_length"):
@@ -133,9 +108,10 @@ def _cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
-    from s2l_sglang.cli_bench import main as bench_main
+    # The benchmark is not part of the runtime package: imported only when it runs.
+    from bench.cli import main as bench_main
 
-    return bench_main(args)
+    return bench_main(rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,19 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve",
         help="run SGLang's HTTP server with the stream2llm plugin",
-        description="Run SGLang's HTTP server (sglang.launch_server) with the stream2llm plugin. "
-        "Defaults: the embedded model and, on a CPU host, torch-native attention in float32. "
-        "Every other argument is passed to SGLang unchanged (see `python -m "
-        "sglang.launch_server --help`); an argument you give overrides the default. "
-        "Own options: --stream-policy {default,fcfs,lcas,mcps} (scheduling of streams) and "
-        "--stream-idle-timeout SECONDS (abort streams whose client went quiet; default 60), "
-        "--preemption {auto,recompute,swap} (how streams give up KV under pressure; auto: the "
-        "cheaper per victim by the measured cost model, profiled first if none matches) and "
-        "--host-kv-tokens N (host pool for swapped KV; default: the device pool's size); "
-        "--pd: a prefill-decode deployment on this host (router on --port, prefill instance "
-        "with the stream routes on port+1, decode on port+2; docs/pd.md); --stream-pd-router "
-        "URL: on a prefill instance started by hand, the router its streams' final turns use.",
+        description="Run SGLang's HTTP server with the stream2llm plugin. Defaults: the "
+        "embedded model and, on a CPU host, torch-native attention in float32. Every argument "
+        "not listed here is passed to SGLang unchanged (see `python -m sglang.launch_server "
+        "--help`); an argument you give overrides the default. --pd: a prefill-decode "
+        "deployment on this host (router on --port, prefill instance with the stream routes on "
+        "port+1, decode on port+2; docs/pd.md).",
     )
+    from s2l_sglang.config import add_arguments as add_config_arguments
+
+    add_config_arguments(serve)
     serve.set_defaults(func=_cmd_serve)
 
     model_cmd = sub.add_parser("model", help="manage the embedded model")
@@ -184,15 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_arguments(demo)
     demo.set_defaults(func=_cmd_demo)
 
-    from s2l_sglang.cli_bench import add_arguments as add_bench_arguments
-
     bench = sub.add_parser(
         "bench",
+        add_help=False,
         help="replay workload traces: streaming vs non-streaming vs SGLang's own options",
-        description="Replay workload traces at Poisson rates against the in-process engine "
-        "or an HTTP server; write results.json, results.md and PNG plots.",
+        description="Replay workload traces (bench/; `s2l bench --help` for its options).",
     )
-    add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
     profile = sub.add_parser(
@@ -220,7 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    if argv and argv[0] == "serve" and not {"-h", "--help"} & set(argv[1:2]):
+    passthrough = argv[:1] == ["bench"] or (
+        argv[:1] == ["serve"] and not {"-h", "--help"} & set(argv[1:2])
+    )
+    if passthrough:  # the rest is parsed by the command itself (ours + SGLang's / bench's)
         args, rest = parser.parse_known_args(argv[:1])
         rest = argv[1:]
     else:

@@ -55,10 +55,28 @@ def current_scheduler():
     return _scheduler
 
 
+def _set_policy(recv_req) -> None:
+    """Scheduler handler of `SetStreamPolicyReq` (an unknown name is logged and ignored)."""
+    try:
+        stream_scheduling().set_policy(recv_req.policy)
+        logger.info("stream policy set to %s", recv_req.policy)
+    except ValueError:
+        logger.exception("stream policy not changed")
+
+
 def _remember_scheduler(result, self, *args, **kwargs):
-    """AFTER `Scheduler.init_request_dispatcher`: keep a handle on the scheduler."""
-    global _scheduler
+    """AFTER `Scheduler.init_request_dispatcher`: keep a handle on the scheduler, build its
+    `StreamScheduling` from the config on its `ServerArgs`, and handle `SetStreamPolicyReq`."""
+    global _scheduler, _stream_sched
+    from sglang.utils import TypeBasedDispatcher
+
+    from s2l_sglang.config import of_server_args
+    from s2l_sglang.messages import SetStreamPolicyReq
+    from s2l_sglang.scheduling import StreamScheduling
+
     _scheduler = self
+    _stream_sched = StreamScheduling(of_server_args(self.server_args))  # fails start-up if bad
+    self._request_dispatcher += TypeBasedDispatcher([(SetStreamPolicyReq, _set_policy)])
     return result
 
 
@@ -71,7 +89,7 @@ def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **k
     2. SGLang strips a leading BOS id from every appended session turn (turns are usually
        tokenized with special tokens); our turns carry exact token ids, so nothing is stripped.
     """
-    from s2l_sglang.stream.rid import stream_of
+    from s2l_sglang.rid import stream_of
 
     if not (self.streaming and stream_of(req.rid) is not None):
         return original(self, req, tokenizer, *args, **kwargs)
@@ -106,8 +124,8 @@ _stream_sched = None
 def stream_scheduling():
     """This scheduler process's `StreamScheduling` (policy, stream table, counters)."""
     global _stream_sched
-    if _stream_sched is None:
-        from s2l_sglang.sched.engine_hooks import StreamScheduling
+    if _stream_sched is None:  # only before the scheduler's dispatcher exists (tests)
+        from s2l_sglang.scheduling import StreamScheduling
 
         _stream_sched = StreamScheduling()
     return _stream_sched
@@ -258,8 +276,12 @@ def hooks() -> list[tuple[str, Callable, str]]:
 
 def register() -> None:
     """Entry point called by SGLang's `load_plugins()` in each of its processes."""
+    from sglang.srt.managers.io_struct import hook_custom_types
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from s2l_sglang.messages import SetStreamPolicyReq
+
+    hook_custom_types(SetStreamPolicyReq)
     for target, fn, kind in hooks():
         HookRegistry.register(target, fn, HookType[kind])
     logger.info("stream2llm plugin registered %d hooks", len(hooks()))

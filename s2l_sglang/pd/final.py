@@ -22,8 +22,8 @@ from typing import Any
 
 import orjson
 
+from s2l_sglang.rid import stream_of
 from s2l_sglang.stream.errors import StreamError
-from s2l_sglang.stream.rid import stream_of
 
 
 @dataclass

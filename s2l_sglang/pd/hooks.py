@@ -62,7 +62,7 @@ def _stream_turns_on_prefill(original: Callable, self, obj, *args, **kwargs):
       warm-up and health checks use) gives it a sender that transfers nothing.
     Any other request, and every request on a server not in prefill mode, is untouched.
     """
-    from s2l_sglang.stream.rid import stream_of
+    from s2l_sglang.rid import stream_of
 
     rid = getattr(obj, "rid", None)
     if (
@@ -92,7 +92,7 @@ def _keep_prefill_only(original: Callable, self, req):
     carries the sampled token into its next turn's prompt. A turn sent with 0 keeps 0, so the
     session holds exactly the stream's tokens.
     """
-    from s2l_sglang.stream.rid import stream_of
+    from s2l_sglang.rid import stream_of
 
     prefill_only = req.sampling_params.max_new_tokens == 0 and stream_of(req.rid) is not None
     result = original(self, req)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import statistics
 from bisect import bisect_right
@@ -17,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 Choice = Literal["recompute", "swap"]
 _FORMAT = 1
@@ -163,3 +164,45 @@ class ProfileStore:
 def find_profile(directory: str | Path, key: ProfileKey) -> CostModel | None:
     """Shorthand for `ProfileStore(directory).find(key)`."""
     return ProfileStore(directory).find(key)
+
+
+# ---- where profiles are kept --------------------------------------------------------------
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "profiles"  # s2l_sglang/profiles
+
+
+def user_profile_dir() -> Path:
+    """`$S2L_PROFILE_DIR`, else `~/.cache/stream2llm-sglang/profiles`."""
+    env = os.environ.get("S2L_PROFILE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "stream2llm-sglang" / "profiles"
+
+
+def profile_key(
+    model_path: str, device: str, dtype: str, tp_size: int, page_size: int
+) -> ProfileKey:
+    """The key of a setup: the model by its folder or hub name (not the cache path)."""
+    model = str(model_path).rstrip("/").rsplit("/", 1)[-1]
+    return ProfileKey(model, str(device), str(dtype), int(tp_size or 1), int(page_size or 1))
+
+
+def key_of_server_args(server_args: Any, dtype: str | None = None) -> ProfileKey:
+    """The profile key of an SGLang `ServerArgs` (`dtype`: the resolved model dtype)."""
+    return profile_key(
+        server_args.model_path,
+        server_args.device or "cpu",
+        dtype or server_args.dtype,
+        server_args.tp_size,
+        server_args.page_size,
+    )
+
+
+def find_cost_model(key: ProfileKey) -> tuple[CostModel, Path] | None:
+    """The saved profile for `key`: the user's directory first, then the shipped ones."""
+    for directory in (user_profile_dir(), SHIPPED_DIR):
+        model = ProfileStore(directory).find(key)
+        if model is not None:
+            return model, directory / key.filename()
+    return None

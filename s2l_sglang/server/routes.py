@@ -8,6 +8,7 @@
                              or one JSON object with "stream": false
     POST /stream/abort    {"stream_id"}
     GET  /stream/{id}     stream status
+    POST /stream/policy   {"policy": NAME}: switch the scheduler's stream policy at run time
     POST /stream          one connection per stream: newline-delimited JSON commands in a
                           streamed request body ({"op": "open"|"append"|"update"|"finish", ...}),
                           answered by the finish's server-sent events
@@ -19,7 +20,6 @@ has its stream aborted (KV freed).
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,29 +30,32 @@ from fastapi.responses import Response, StreamingResponse
 
 from s2l_sglang.stream.errors import StreamError
 
-MAX_BODY_BYTES = int(os.environ.get("S2L_MAX_BODY_BYTES", str(8 << 20)))
 _manager = None
 
 
 def stream_manager():
-    """The server process's StreamManager (built on first use over SGLang's tokenizer manager)."""
+    """The server process's StreamManager (built on first use over SGLang's tokenizer manager,
+    with the `StreamConfig` that `s2l serve` attached to SGLang's arguments)."""
     global _manager
     if _manager is None:
         from sglang.srt.entrypoints.http_server import get_global_state
 
+        from s2l_sglang.config import of_server_args
         from s2l_sglang.stream.manager import StreamManager
 
         tm = get_global_state().tokenizer_manager
-        timeout = float(os.environ.get("S2L_STREAM_IDLE_TIMEOUT", "60"))
-        _manager = StreamManager(
-            tm, page_size=tm.server_args.page_size or 1, idle_timeout=timeout or None
-        )
+        config = of_server_args(tm.server_args)
+        _manager = StreamManager(tm, config, page_size=tm.server_args.page_size or 1)
         if tm.server_args.disaggregation_mode == "prefill":  # final turns via the PD router
             from s2l_sglang.pd import final as pd_final
 
-            router = pd_final.activate(os.environ.get("S2L_PD_ROUTER"))
+            router = pd_final.activate(config.pd_router)
             _manager.final_outputs = router.outputs
     return _manager
+
+
+def _max_body_bytes() -> int:
+    return stream_manager().config.max_body_bytes
 
 
 class BadRequest(StreamError):
@@ -74,8 +77,9 @@ def _json_response(obj: Any) -> Response:
 
 
 def _parse(raw: bytes) -> dict:
-    if len(raw) > MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"request body over {MAX_BODY_BYTES} bytes")
+    limit = _max_body_bytes()
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"request body over {limit} bytes")
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -183,6 +187,19 @@ def install_routes(app: Any) -> None:
         except StreamError as exc:
             return _error_response(exc)
 
+    async def set_policy(request: Request):
+        """Switch the scheduler's stream policy at run time: {"policy": NAME}."""
+        try:
+            body = _parse(await request.body())
+            name = _field(body, "policy", str)
+            try:
+                return _json_response(await stream_manager().set_policy(name))
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from exc
+        except StreamError as exc:
+            return _error_response(exc)
+
+    app.add_api_route("/stream/policy", set_policy, methods=["POST"], name="s2l_stream_policy")
     app.add_api_route("/stream/{stream_id}", status, methods=["GET"], name="s2l_stream_status")
 
     async def one_connection(request: Request):
@@ -193,8 +210,8 @@ def install_routes(app: Any) -> None:
         try:
             async for piece in request.stream():
                 buffer += piece
-                if len(buffer) > MAX_BODY_BYTES:
-                    raise PayloadTooLarge(f"a line over {MAX_BODY_BYTES} bytes")
+                if len(buffer) > mgr.config.max_body_bytes:
+                    raise PayloadTooLarge(f"a line over {mgr.config.max_body_bytes} bytes")
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     if not line.strip():

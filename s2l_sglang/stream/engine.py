@@ -12,7 +12,9 @@ import threading
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
-from s2l_sglang.stream.manager import StreamManager
+from s2l_sglang.stream.manager import StreamManager, sched_counters_from
+
+__all__ = ["StreamEngine", "sched_counters_from"]
 
 
 class StreamEngine:
@@ -21,42 +23,39 @@ class StreamEngine:
     def __init__(
         self,
         idle_timeout: float | None = 60.0,
-        stream_policy: str | None = None,
-        preemption: str | None = None,
+        stream_policy: str = "default",
+        preemption: str = "auto",
         host_kv_tokens: int | None = None,
         **engine_kwargs: Any,
     ):
         """`stream_policy`: the scheduler's stream policy (`default`, `fcfs`, `lcas`, `mcps`;
-        default: env `S2L_STREAM_POLICY`, else `default`). `preemption`: how streams give up
-        KV under pressure (`auto`, `recompute`, `swap`; default: env `S2L_PREEMPTION`, else
-        `auto`: by the saved cost profile of this setup, recompute if none). `host_kv_tokens`:
-        the host pool for swapped KV (default: the device pool's size). Other arguments go to
-        `sgl.Engine`."""
-        import os
-
+        switchable later with `set_stream_policy`). `preemption`: how streams give up KV under
+        pressure (`auto`: by the saved cost profile of this setup, recompute if none;
+        `recompute`; `swap`). `host_kv_tokens`: the host pool for swapped KV (default: the
+        device pool's size). `idle_timeout`: seconds before a quiet stream is aborted (None:
+        never). A bad value is a ValueError here, before anything starts. Other arguments go to
+        `sgl.Engine` (the embedded model and CPU defaults unless overridden)."""
         import sglang as sgl
 
+        from s2l_sglang.config import StreamConfig, attach
         from s2l_sglang.defaults import engine_kwargs as default_kwargs
-        from s2l_sglang.sched.policy import get_policy
 
-        if stream_policy is not None:
-            get_policy(stream_policy)  # a clear error for an unknown name
-            os.environ["S2L_STREAM_POLICY"] = stream_policy  # read by the scheduler process
-        if preemption is not None:
-            from s2l_sglang.sched.preemption import preemption_names
-
-            if preemption not in preemption_names():
-                raise ValueError(f"preemption: choose one of {preemption_names()}")
-            os.environ["S2L_PREEMPTION"] = preemption
-        if host_kv_tokens is not None:
-            os.environ["S2L_HOST_KV_TOKENS"] = str(int(host_kv_tokens))
-
-        self.engine = sgl.Engine(**default_kwargs(**engine_kwargs))
+        self.config = StreamConfig(
+            stream_policy=stream_policy,
+            preemption=preemption,
+            host_kv_tokens=host_kv_tokens,
+            stream_idle_timeout=idle_timeout,
+        )
+        kwargs = default_kwargs(**engine_kwargs)
+        kwargs.setdefault("log_level", "error")  # as sgl.Engine does for keyword arguments
+        server_args = sgl.Engine.server_args_class(**kwargs)
+        attach(server_args, self.config)  # reaches the scheduler with SGLang's own arguments
+        self.engine = sgl.Engine(server_args=server_args)
         tm = self.engine.tokenizer_manager
         self.tokenizer = tm.tokenizer
         self.loop = self.engine.loop
         self.streams = StreamManager(
-            tm, page_size=self.engine.server_args.page_size or 1, idle_timeout=idle_timeout
+            tm, self.config, page_size=self.engine.server_args.page_size or 1
         )
         self._thread = threading.Thread(target=self._run_loop, name="s2l-engine-loop", daemon=True)
         self._thread.start()
@@ -163,6 +162,11 @@ class StreamEngine:
         """Empty SGLang's prefix cache (refused by SGLang while requests run)."""
         return bool(self._call(self.engine.tokenizer_manager.flush_cache()).success)
 
+    def set_stream_policy(self, name: str) -> None:
+        """Switch the scheduler's stream policy at run time (from its next scheduling step);
+        returns once the scheduler reports it. A ValueError for an unknown name."""
+        self._call(self.streams.set_policy(name))
+
     def sched_counters(self) -> dict[str, int]:
         """The scheduler's stream counters (policy, preemptions by mode, tokens swapped ...)."""
         states = self._call(self.engine.tokenizer_manager.get_internal_state())
@@ -183,11 +187,3 @@ class StreamEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-def sched_counters_from(states: Any) -> dict | None:
-    """The plugin's `s2l_sched` entry in SGLang's internal states (one per scheduler), if any."""
-    for state in states or []:
-        if isinstance(state, dict) and isinstance(state.get("s2l_sched"), dict):
-            return dict(state["s2l_sched"])
-    return None

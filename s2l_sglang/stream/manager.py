@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from s2l_sglang.config import StreamConfig
+from s2l_sglang.rid import final_rid, turn_rid
 from s2l_sglang.stream.errors import (
     ContextTooLong,
     DuplicateStream,
@@ -33,7 +35,6 @@ from s2l_sglang.stream.errors import (
     StreamError,
     UnknownStream,
 )
-from s2l_sglang.stream.rid import final_rid, turn_rid
 from s2l_sglang.stream.tokens import TurnPlan, plan_turn
 
 PREFILL_ONLY = {"max_new_tokens": 0}
@@ -85,16 +86,17 @@ class StreamManager:
     def __init__(
         self,
         tokenizer_manager: Any,
+        config: StreamConfig | None = None,
         *,
         page_size: int = 1,
-        idle_timeout: float | None = 60.0,
         max_chunk_chars: int = 1 << 20,
     ):
         self.tm = tokenizer_manager
+        self.config = config or StreamConfig()
         self.tokenizer = tokenizer_manager.tokenizer
         self.context_len = int(tokenizer_manager.context_len)
         self.page_size = page_size
-        self.idle_timeout = idle_timeout
+        self.idle_timeout = self.config.stream_idle_timeout
         self.max_chunk_chars = max_chunk_chars
         self.streams: dict[str, Stream] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()  # sid -> "finished" | "aborted: ..."
@@ -170,6 +172,26 @@ class StreamManager:
         if stream is None:
             self._raise_missing(sid)
         await self._close(stream, f"aborted: {reason}")
+
+    async def set_policy(self, name: str, timeout_s: float = 30.0) -> dict:
+        """Switch the scheduler's stream policy; returns once the scheduler reports it.
+
+        A ValueError for an unknown name; a TimeoutError if the scheduler does not report the
+        new policy within `timeout_s` seconds.
+        """
+        from s2l_sglang.messages import SetStreamPolicyReq
+        from s2l_sglang.sched.policy import get_policy
+
+        get_policy(name)  # a clear error before anything is sent
+        self.tm._dispatch_to_scheduler(SetStreamPolicyReq(policy=name))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            counters = sched_counters_from(await self.tm.get_internal_state()) or {}
+            if counters.get("policy") == name:
+                return {"policy": name}
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the scheduler did not switch to policy {name!r}")
+            await asyncio.sleep(0.02)
 
     def status(self, sid: str) -> dict:
         stream = self.streams.get(sid)
@@ -373,3 +395,11 @@ class StreamManager:
                 quiet = stream.inflight_rid is None and not stream.finishing
                 if quiet and now - stream.last_activity > self.idle_timeout:
                     await self._close(stream, f"aborted: idle for {self.idle_timeout:g} s")
+
+
+def sched_counters_from(states: Any) -> dict | None:
+    """The plugin's `s2l_sched` entry in SGLang's internal states (one per scheduler), if any."""
+    for state in states or []:
+        if isinstance(state, dict) and isinstance(state.get("s2l_sched"), dict):
+            return dict(state["s2l_sched"])
+    return None

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from s2l_sglang.sched.costmodel import CostModel, ProfileStore
-from s2l_sglang.sched.profile import (
+from s2l_sglang.profile import measure_swap, token_counts
+from s2l_sglang.sched.costmodel import (
     SHIPPED_DIR,
+    CostModel,
+    ProfileStore,
     find_cost_model,
-    measure_swap,
     profile_key,
-    token_counts,
 )
 
 

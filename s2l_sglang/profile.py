@@ -10,7 +10,7 @@ Token counts go from 16 to the context length (doubling, plus the context length
 is measured `repeats` times and the fastest kept (other processes only add time); the
 recompute curve is made non-decreasing. The profile is saved as JSON keyed by
 (model, device, dtype, tp, page size) into the user's profile directory; the scheduler loads the
-matching one (`find_cost_model`), searching the user's directory, then the profiles shipped
+matching one (`sched.costmodel.find_cost_model`), searching the user's directory, then the profiles shipped
 with the package.
 """
 
@@ -23,46 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from s2l_sglang.sched.costmodel import CostModel, ProfileKey, ProfileStore
-
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "profiles"
-
-
-def user_profile_dir() -> Path:
-    """`$S2L_PROFILE_DIR`, else `~/.cache/stream2llm-sglang/profiles`."""
-    env = os.environ.get("S2L_PROFILE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "stream2llm-sglang" / "profiles"
-
-
-def profile_key(
-    model_path: str, device: str, dtype: str, tp_size: int, page_size: int
-) -> ProfileKey:
-    """The key of a setup: the model by its folder or hub name (not the cache path)."""
-    model = str(model_path).rstrip("/").rsplit("/", 1)[-1]
-    return ProfileKey(model, str(device), str(dtype), int(tp_size or 1), int(page_size or 1))
-
-
-def key_of_server_args(server_args: Any, dtype: str | None = None) -> ProfileKey:
-    """The profile key of an SGLang `ServerArgs` (`dtype`: the resolved model dtype)."""
-    return profile_key(
-        server_args.model_path,
-        server_args.device or "cpu",
-        dtype or server_args.dtype,
-        server_args.tp_size,
-        server_args.page_size,
-    )
-
-
-def find_cost_model(key: ProfileKey) -> tuple[CostModel, Path] | None:
-    """The saved profile for `key`: the user's directory first, then the shipped ones."""
-    for directory in (user_profile_dir(), SHIPPED_DIR):
-        model = ProfileStore(directory).find(key)
-        if model is not None:
-            return model, directory / key.filename()
-    return None
+from s2l_sglang.sched.costmodel import (
+    CostModel,
+    ProfileStore,
+    key_of_server_args,
+    user_profile_dir,
+)
 
 
 def token_counts(context_len: int, start: int = 16) -> list[int]:

@@ -6,30 +6,34 @@ Per scheduling step, before SGLang builds a prefill batch:
 2. plan: the pure `plan()` orders them by the selected policy and computes the KV shortfall of
    what it would run under the token budget and the free KV (free + evictable);
 3. acquire: where the plan does not fit, preempt the plan's victims (lowest priority first:
-   idle streams, and waiting turns of streams that have not yet borrowed their KV) by recompute: release the victim's session slot (private KV freed,
-   its published prefix becomes ordinary LRU cache). The stream's next turn re-matches whatever
-   the radix tree still holds and recomputes the rest; its tokens, and so its output, are
-   unchanged.
+   idle streams, and waiting turns of streams that have not yet borrowed their KV), each by
+   the mode the preemption policy picks for its own held tokens: recompute (release the
+   session slot; private KV freed, its published prefix becomes ordinary LRU cache) or swap
+   (copy to the host pool, `radix_ext.swap`, restored when its next turn waits). Either way
+   its tokens, and so its output, are unchanged.
 The waiting queue is also reordered by the policy (after SGLang's own `calc_priority`).
 
-Policy: env `S2L_STREAM_POLICY` (`default` keeps SGLang's order; `fcfs`, `lcas`, `mcps`),
-set by `s2l serve --stream-policy` or `StreamEngine(stream_policy=...)`.
+Settings come from `StreamConfig` (config.py), which reaches this process on SGLang's
+`ServerArgs`; the policy can change at run time (`set_policy`).
+
+This module reads and writes SGLang scheduler state (waiting queue, session slots, the tree
+cache); the decisions themselves are the pure functions of `sched/`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from radix_ext.swap import HostKVPool
+from s2l_sglang.config import StreamConfig
+from s2l_sglang.rid import MARK, stream_of
 from s2l_sglang.sched.planner import choose_victims, plan
 from s2l_sglang.sched.policy import get_policy
 from s2l_sglang.sched.preemption import Preemption, get_preemption
 from s2l_sglang.sched.snapshot import ReqView
-from s2l_sglang.stream.rid import MARK, stream_of
 
 logger = logging.getLogger(__name__)
 
@@ -62,27 +66,31 @@ class SchedCounters:
 class StreamScheduling:
     """Scheduler-side view of the streams (one per scheduler process)."""
 
-    policy_name: str = field(default_factory=lambda: os.environ.get("S2L_STREAM_POLICY", "default"))
+    config: StreamConfig = field(default_factory=StreamConfig)
     streams: dict[str, StreamInfo] = field(default_factory=dict)
     counters: SchedCounters = field(default_factory=SchedCounters)
 
-    preemption_name: str = field(default_factory=lambda: os.environ.get("S2L_PREEMPTION", "auto"))
     preemption: Preemption | None = None
     host: HostKVPool | None = None
     profile_path: str | None = None
     _metrics: Any = None
 
     def __post_init__(self) -> None:
-        self.policy = get_policy(self.policy_name)
+        self.set_policy(self.config.stream_policy)
+
+    def set_policy(self, name: str) -> None:
+        """Order by policy `name` from the next scheduling step on (a ValueError if unknown)."""
+        self.policy = get_policy(name)
+        self.policy_name = name
 
     def configure(self, scheduler: Any) -> None:
         """Once per scheduler: the preemption mode, its cost model and the host KV pool."""
         if self.preemption is not None:
             return
-        name = self.preemption_name
+        name = self.config.preemption
         cost_model = None
         if name == "auto":
-            from s2l_sglang.sched.profile import find_cost_model, key_of_server_args
+            from s2l_sglang.sched.costmodel import find_cost_model, key_of_server_args
 
             dtype = str(scheduler.model_config.dtype).replace("torch.", "")
             key = key_of_server_args(scheduler.server_args, dtype)
@@ -100,7 +108,7 @@ class StreamScheduling:
                 logger.info("preemption cost profile: %s", path)
         self.preemption = get_preemption(name, cost_model)
         if name != "recompute":
-            capacity = int(os.environ.get("S2L_HOST_KV_TOKENS") or scheduler.max_total_num_tokens)
+            capacity = self.config.host_kv_tokens or int(scheduler.max_total_num_tokens)
             self.host = HostKVPool(capacity)
         if getattr(scheduler, "enable_metrics", False):
             self._metrics = _prometheus_counters()
@@ -202,11 +210,6 @@ class StreamScheduling:
             self._swap_in_waiting(scheduler, first.rid if first is not None else None)
         if not scheduler.tree_cache.session.slots:
             return []
-        if os.environ.get("S2L_DEBUG_SCHED"):
-            import sys
-
-            free = scheduler.token_to_kv_pool_allocator.available_size()
-            print("S2L", free, scheduler.tree_cache.evictable_size(), views, file=sys.stderr)
         if not any(v.evictable_kv for v in views):
             return []
         free_kv = (

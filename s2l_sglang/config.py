@@ -1,0 +1,172 @@
+"""The configuration of stream2llm-sglang: one frozen object, built once, validated at start-up.
+
+`StreamConfig` is built from `s2l serve`'s own flags (`add_arguments` / `from_args`) or from
+`StreamEngine(...)` arguments. It reaches SGLang's other processes (scheduler, detokenizer) on
+SGLang's own arguments: `attach(server_args, config)` stores it on the `ServerArgs` record as
+the bookkeeping attribute `_s2l_config` (the way SGLang itself records `_launch_command`), which
+SGLang pickles into every process it starts; `of_server_args(server_args)` reads it back there.
+A server started without our launcher (plain `sglang serve` with the plugin installed) gets the
+defaults. Nothing is passed through environment variables.
+
+At run time only the stream policy can change (`StreamEngine.set_stream_policy`,
+`POST /stream/policy`); see `s2l_sglang/plugin.py`.
+
+Two environment variables are read (never written) for locations, like `XDG_CACHE_HOME`:
+`S2L_CACHE_DIR` (converted model, workload caches) and `S2L_PROFILE_DIR` (saved cost profiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+_ATTR = "_s2l_config"
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """Every setting of ours, for the server, the in-process engine and the scheduler."""
+
+    #: order of SGLang's waiting queue: `default` (SGLang's), `fcfs`, `lcas`, `mcps`
+    stream_policy: str = "default"
+    #: how a stream gives up KV under pressure: `auto` (cost model), `recompute`, `swap`
+    preemption: str = "auto"
+    #: host pool for swapped KV, in tokens (None: the device pool's size)
+    host_kv_tokens: int | None = None
+    #: seconds a stream may stay quiet before it is aborted (None: never)
+    stream_idle_timeout: float | None = 60.0
+    #: largest request body (or NDJSON line) the stream routes accept, in bytes
+    max_body_bytes: int = 8 << 20
+    #: on a PD prefill instance: the router that its streams' final turns go through
+    pd_router: str | None = None
+
+    def __post_init__(self) -> None:
+        from s2l_sglang.sched.policy import policy_names
+        from s2l_sglang.sched.preemption import preemption_names
+
+        if self.stream_policy not in policy_names():
+            raise ValueError(
+                f"stream policy {self.stream_policy!r}: choose one of {policy_names()}"
+            )
+        if self.preemption not in preemption_names():
+            raise ValueError(f"preemption {self.preemption!r}: choose one of {preemption_names()}")
+        if self.host_kv_tokens is not None and (
+            not isinstance(self.host_kv_tokens, int) or self.host_kv_tokens <= 0
+        ):
+            raise ValueError(f"host_kv_tokens must be a positive integer: {self.host_kv_tokens!r}")
+        if self.stream_idle_timeout is not None and not self.stream_idle_timeout > 0:
+            raise ValueError(
+                f"stream_idle_timeout must be > 0 seconds or None: {self.stream_idle_timeout!r}"
+            )
+        if not isinstance(self.max_body_bytes, int) or self.max_body_bytes <= 0:
+            raise ValueError(f"max_body_bytes must be a positive integer: {self.max_body_bytes!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> StreamConfig:
+        """From `as_dict()`'s output; unknown keys are an error."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown stream settings {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> StreamConfig:
+        return dataclasses.replace(self, **changes)
+
+
+# ---- command line (`s2l serve`) ---------------------------------------------------------------
+
+
+def _idle_timeout(text: str) -> float | None:
+    value = float(text)
+    return None if value == 0 else value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`s2l serve`'s own flags (every other flag goes to SGLang)."""
+    from s2l_sglang.sched.policy import policy_names
+    from s2l_sglang.sched.preemption import preemption_names
+
+    d = StreamConfig()
+    group = parser.add_argument_group("stream2llm")
+    group.add_argument(
+        "--stream-policy",
+        choices=policy_names(),
+        default=d.stream_policy,
+        help="order of SGLang's waiting queue for streams (default: %(default)s)",
+    )
+    group.add_argument(
+        "--preemption",
+        choices=preemption_names(),
+        default=d.preemption,
+        help="how streams give up KV under pressure; auto: the cheaper per victim by the "
+        "measured cost model (default: %(default)s)",
+    )
+    group.add_argument(
+        "--host-kv-tokens",
+        type=int,
+        default=d.host_kv_tokens,
+        help="host pool for swapped KV, in tokens (default: the device pool's size)",
+    )
+    group.add_argument(
+        "--stream-idle-timeout",
+        type=_idle_timeout,
+        default=d.stream_idle_timeout,
+        metavar="SECONDS",
+        help="abort a stream whose client is quiet this long; 0: never (default: %(default)s)",
+    )
+    group.add_argument(
+        "--max-stream-body-bytes",
+        dest="max_body_bytes",
+        type=int,
+        default=d.max_body_bytes,
+        help="largest body or NDJSON line of the stream routes (default: %(default)s)",
+    )
+    group.add_argument(
+        "--stream-pd-router",
+        dest="pd_router",
+        default=d.pd_router,
+        metavar="URL",
+        help="on a PD prefill instance started by hand: the router for final turns",
+    )
+
+
+def from_args(args: argparse.Namespace) -> StreamConfig:
+    """The config of parsed `add_arguments` flags (a ValueError if a value is invalid)."""
+    names = [f.name for f in dataclasses.fields(StreamConfig)]
+    return StreamConfig(**{name: getattr(args, name) for name in names})
+
+
+def split_argv(argv: list[str]) -> tuple[StreamConfig, list[str]]:
+    """`s2l serve` arguments -> (our config, the arguments for SGLang). Exits on a bad value."""
+    parser = argparse.ArgumentParser(prog="s2l serve", add_help=False, allow_abbrev=False)
+    add_arguments(parser)
+    args, rest = parser.parse_known_args(argv)
+    try:
+        return from_args(args), rest
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # not reached
+
+
+# ---- the channel to SGLang's processes ----------------------------------------------------------
+
+
+def attach(server_args: Any, config: StreamConfig) -> None:
+    """Store `config` on SGLang's `ServerArgs` record; it travels with it to every process."""
+    import msgspec
+
+    # A bookkeeping attribute (underscore, not a field): allowed on a sealed record, and kept
+    # by `ServerArgs.__reduce__` when SGLang pickles the record into its child processes.
+    msgspec.Struct.__setattr__(server_args, _ATTR, config.as_dict())
+
+
+def of_server_args(server_args: Any) -> StreamConfig:
+    """The config `attach` stored on `server_args`; the defaults if none was."""
+    values = getattr(server_args, _ATTR, None)
+    return StreamConfig() if values is None else StreamConfig.from_dict(dict(values))
