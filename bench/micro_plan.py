@@ -41,7 +41,7 @@ def make_snapshot(rng: random.Random, n: int) -> tuple[list[ReqView], int]:
     for _ in range(n):
         arrival = rng.uniform(0.0, 100.0)
         kind = rng.random()
-        computed = rng.randint(256, 8192)
+        held = rng.randint(256, 8192)
         decoding, complete, pending = False, True, 0
         if kind < 0.20:
             decoding = True
@@ -50,10 +50,10 @@ def make_snapshot(rng: random.Random, n: int) -> tuple[list[ReqView], int]:
         elif kind < 0.75:
             complete = False
         elif kind < 0.90:
-            computed, pending = 0, rng.randint(1024, 12000)
+            held, pending = 0, rng.randint(1024, 12000)
         else:
             pending = rng.randint(64, 4096)
-        state = "idle" if not (decoding or pending) else ("running" if computed else "waiting")
+        state = "idle" if not (decoding or pending) else ("running" if held else "waiting")
         views.append(
             ReqView(
                 rid=f"{rng.getrandbits(128):032x}",  # like SGLang's uuid4().hex rids
@@ -61,11 +61,11 @@ def make_snapshot(rng: random.Random, n: int) -> tuple[list[ReqView], int]:
                 complete=complete,
                 arrival=arrival,
                 last_chunk=arrival + rng.uniform(0.0, 20.0),
-                computed=computed,
+                held=held,
                 pending=pending,
                 state=state,
                 decoding=decoding,
-                evictable_kv=rng.randint(computed // 2, computed),
+                reclaimable_kv=rng.randint(held // 2, held),
             )
         )
     return views, rng.randint(0, 2 * TOKEN_BUDGET)

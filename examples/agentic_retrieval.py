@@ -137,7 +137,7 @@ class Retriever:
 def build_program():
     import sglang as sgl
 
-    from frontend.lang import stream_context
+    from frontend import stream_context
 
     @sgl.function
     def answer_question(s, question, passages, mode, max_tokens):

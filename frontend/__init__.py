@@ -12,7 +12,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "stream_context": "frontend.lang",
+    "stream_context": "frontend.api",
     "SglStreamContext": "frontend.lang",
     "StreamEngineBackend": "frontend.backend",
     "StreamClient": "frontend.client",

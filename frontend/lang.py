@@ -24,7 +24,7 @@ The items are consumed in the program's executor thread (SGLang's `StreamExecuto
 sync iterable is iterated there; an async iterable runs on a private event loop of that thread,
 so it must not use objects bound to another event loop. Backends: `sgl.RuntimeEndpoint` (the
 server's /stream routes) and `frontend.StreamEngineBackend` (in process); see backend.py.
-How the executor learns the new node: hooks.py.
+How the executor learns the new node: hooks.py. The public `stream_context(...)`: api.py.
 """
 
 from __future__ import annotations
@@ -63,24 +63,6 @@ class SglStreamClose(SglExpr):
 
     def __repr__(self) -> str:
         return "StreamClose()"
-
-
-def stream_context(
-    source: Iterable | AsyncIterable, mode: str = "append", stream_id: str | None = None
-) -> SglStreamContext:
-    """Stream `source`'s items into the program's context; the next `sgl.gen` finishes it.
-
-    `stream_id` names the stream on the server (default: a fresh uuid); the gen's
-    `meta_info["id"]` carries it. It must be new: a stream id is never reused.
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    if isinstance(source, (str, bytes)) or not isinstance(source, (Iterable, AsyncIterable)):
-        raise TypeError(f"source must be an iterable of chunks, not {type(source).__name__}")
-    from frontend.hooks import install
-
-    install()
-    return SglStreamContext(source, mode, stream_id)
 
 
 @dataclass

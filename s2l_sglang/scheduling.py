@@ -4,7 +4,7 @@ Per scheduling step, before SGLang builds a prefill batch:
 1. snapshot: one `ReqView` per waiting request and per idle stream (a stream whose session holds
    KV and has no turn in flight);
 2. plan: the pure `plan()` orders them by the selected policy and computes the KV shortfall of
-   what it would run under the token budget and the free KV (free + evictable);
+   what it would run under the token budget and the free KV (free + LRU-evictable prefix cache);
 3. acquire: where the plan does not fit, preempt the plan's victims (lowest priority first:
    idle streams, and waiting turns of streams that have not yet borrowed their KV), each by
    the mode the preemption policy picks for its own held tokens: recompute (release the
@@ -141,7 +141,7 @@ class StreamScheduling:
         for req in scheduler.waiting_queue:
             sid = stream_of(req.rid)
             info = self.streams.get(sid) if sid is not None else None
-            computed, allocated = self._held(cache, sid)
+            held, allocated = self._held(cache, sid)
             slot = cache.session.slots.get(sid) if sid is not None else None
             # A waiting turn that has not borrowed its slot yet can be preempted like an idle
             # stream (its next admission re-matches from the tree); one that has, cannot.
@@ -153,14 +153,14 @@ class StreamScheduling:
                     complete=info.complete if info is not None else True,
                     arrival=info.opened if info is not None else now,
                     last_chunk=info.last_chunk if info is not None else now,
-                    computed=computed,
+                    held=held,
                     # KV its admission needs: SGLang admits a request only if its whole
                     # extend plus its (clipped) output budget fits.
-                    pending=max(1, len(req.origin_input_ids) - computed)
+                    pending=max(1, len(req.origin_input_ids) - held)
                     + min(req.sampling_params.max_new_tokens or 0, _CLIP_MAX_NEW),
                     state="waiting",
                     decoding=False,
-                    evictable_kv=allocated if preemptible else 0,
+                    reclaimable_kv=allocated if preemptible else 0,
                 )
             )
         for sid, slot in cache.session.slots.items():
@@ -175,11 +175,11 @@ class StreamScheduling:
                     complete=info.complete,
                     arrival=info.opened,
                     last_chunk=info.last_chunk,
-                    computed=slot.kv.kv_committed_len,
+                    held=slot.kv.kv_committed_len,
                     pending=0,
                     state="idle",
                     decoding=False,
-                    evictable_kv=slot.kv.kv_allocated_len,
+                    reclaimable_kv=slot.kv.kv_allocated_len,
                 )
             )
         return views
@@ -210,7 +210,7 @@ class StreamScheduling:
             self._swap_in_waiting(scheduler, first.rid if first is not None else None)
         if not scheduler.tree_cache.session.slots:
             return []
-        if not any(v.evictable_kv for v in views):
+        if not any(v.reclaimable_kv for v in views):
             return []
         free_kv = (
             scheduler.token_to_kv_pool_allocator.available_size()
@@ -237,9 +237,9 @@ class StreamScheduling:
         for rid in victims:
             view = by_rid[rid]
             sid = rid if view.state == "idle" else stream_of(rid)
-            if not view.evictable_kv or sid not in scheduler.tree_cache.session.slots:
+            if not view.reclaimable_kv or sid not in scheduler.tree_cache.session.slots:
                 continue
-            mode = self._preempt(scheduler, sid, view.evictable_kv)
+            mode = self._preempt(scheduler, sid, view.reclaimable_kv)
             released.append(f"{sid} ({mode})")
         if released:
             logger.info(
@@ -252,12 +252,12 @@ class StreamScheduling:
     def _first_waiting(self, views: list[ReqView]) -> ReqView | None:
         return next((v for v in self.policy.order(views) if v.state == "waiting"), None)
 
-    def _preempt(self, scheduler: Any, sid: str, cached: int) -> str:
-        """Preempt stream `sid` holding `cached` KV tokens: swap or recompute, per victim."""
+    def _preempt(self, scheduler: Any, sid: str, held: int) -> str:
+        """Preempt stream `sid` holding `held` KV tokens: swap or recompute, per victim."""
         assert self.preemption is not None
         cache = scheduler.tree_cache
         host_free = self.host.free_tokens if self.host is not None else 0
-        if self.host is not None and self.preemption.decide(cached, host_free) == "swap":
+        if self.host is not None and self.preemption.decide(held, host_free) == "swap":
             swapped = self.host.swap_out(cache, sid, _committed_tokens(scheduler, sid))
             if swapped:
                 self.counters.preemptions_swap += 1
@@ -266,8 +266,8 @@ class StreamScheduling:
                 return "swap"
         cache.release_session(sid)
         self.counters.preemptions_recompute += 1
-        self.counters.tokens_preempted += cached
-        self._count_metric("recompute", cached)
+        self.counters.tokens_preempted += held
+        self._count_metric("recompute", held)
         return "recompute"
 
     def _swap_in_waiting(self, scheduler: Any, head_rid: str | None) -> None:

@@ -59,7 +59,8 @@ def server(server_url):
 def server_url():
     """`s2l serve` (SGLang's HTTP server with the plugin) on a free loopback port, once per session.
 
-    Started with `--api-key API_KEY` and a 3 s stream idle timeout.
+    Started with `--api-key API_KEY`, a 3 s stream idle timeout and `--preemption recompute`
+    (our flags: tests check that they reach the routes and the scheduler).
     """
     import subprocess
     import sys
@@ -70,10 +71,8 @@ def server_url():
     port = _free_port()
     argv = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--max-total-tokens", "16384", "--log-level", "error"]
-    argv += ["--api-key", API_KEY]
-    env = dict(
-        os.environ, S2L_STREAM_IDLE_TIMEOUT="3", SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1"
-    )
+    argv += ["--api-key", API_KEY, "--stream-idle-timeout", "3", "--preemption", "recompute"]
+    env = dict(os.environ, SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
     proc = subprocess.Popen(argv, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300

@@ -1,6 +1,8 @@
 """Engine-independent scheduling: snapshots, policies, the pure plan step, preemption costs.
 
-Nothing here imports sglang or torch; the SGLang plugin builds `ReqView`s and applies `Plan`s.
+Nothing in this package imports sglang or torch. `s2l_sglang/scheduling.py` (in SGLang's
+scheduler process) builds the `ReqView`s and applies the `Plan`s; `s2l_sglang/profile.py`
+measures the cost model that `costmodel.py` loads.
 """
 
 from __future__ import annotations

@@ -78,10 +78,10 @@ class ProfileKey:
 
 
 class CostModel:
-    """Latency of preempting a victim that holds `cached_tokens` of KV, two ways:
+    """Latency of preempting a victim that holds `held_tokens` of KV, two ways:
     `recompute(n)`: prefill n tokens again later (the KV is just freed now);
     `swap(n)`: copy n tokens of KV to host and back (swap-out + swap-in).
-    `choose(n)` picks the cheaper for THAT victim's own cached tokens (ties: recompute, which
+    `choose(n)` picks the cheaper for THAT victim's own held tokens (ties: recompute, which
     needs no host memory)."""
 
     __slots__ = ("key", "recompute", "swap")
@@ -103,8 +103,8 @@ class CostModel:
         """From raw (tokens, seconds) samples of each operation, repeats allowed."""
         return cls(PiecewiseLinear.fit(recompute), PiecewiseLinear.fit(swap), key)
 
-    def choose(self, cached_tokens: int) -> Choice:
-        return "recompute" if self.recompute(cached_tokens) <= self.swap(cached_tokens) else "swap"
+    def choose(self, held_tokens: int) -> Choice:
+        return "recompute" if self.recompute(held_tokens) <= self.swap(held_tokens) else "swap"
 
     def to_json(self) -> str:
         return json.dumps(

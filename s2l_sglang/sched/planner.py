@@ -14,15 +14,15 @@ Invariants of every `Plan` (tests/unit/test_plan.py checks them on random snapsh
   I2 work:     only requests with work are granted: a decoding request exactly 1 token, a prefill
                1..pending tokens; grants follow the policy order; at most one prefill grant is
                truncated (a chunked prefill), the last prefill grant.
-  I3 KV:       kv_needed <= free_kv + the evictable KV of the unprotected victims, so preempting
+  I3 KV:       kv_needed <= free_kv + the reclaimable KV of the unprotected victims, so preempting
                victims in order (`choose_victims`) always makes the plan fit and never reaches
                a protected one; kv_shortfall = max(0, kv_needed - free_kv).
-  I4 victims:  exactly the requests not granted that hold evictable KV (never a granted one),
+  I4 victims:  exactly the requests not granted that hold reclaimable KV (never a granted one),
                in preemption order: first those without work (idle partial streams), then the
                unprotected ones with work, then the protected ones; lowest priority first in each.
   I5 progress: the highest-priority request with work gets >= 1 token if it has budget (a
                prefill: token_budget > number of decoding requests; a decoder: one of the first
-               token_budget decoders) and free_kv + the evictable KV of all other requests >= 1.
+               token_budget decoders) and free_kv + the reclaimable KV of all other requests >= 1.
                So the engine never stalls while the top request can fit at all.
   I6 no inversion: a request with work is preempted for a lower-priority grant only when
                nothing ranked above it was granted: then it could not progress this step anyway
@@ -52,7 +52,7 @@ _F = ReqView._fields
 _RID = itemgetter(_F.index("rid"))
 _PENDING = itemgetter(_F.index("pending"))
 _DECODING = itemgetter(_F.index("decoding"))
-_EVICTABLE = itemgetter(_F.index("evictable_kv"))
+_RECLAIMABLE = itemgetter(_F.index("reclaimable_kv"))
 _TOKENS = itemgetter(1)
 _new_tuple = tuple.__new__  # builds a Grant without NamedTuple's Python-level __new__
 
@@ -81,13 +81,13 @@ def plan(
     order = policy.order(views)
     n = len(order)
     dec = list(map(_DECODING, order))
-    ev = list(map(_EVICTABLE, order))
+    ev = list(map(_RECLAIMABLE, order))
     n_dec = dec.count(True)
     dec_left = min(n_dec, token_budget)  # decode budget, taken in priority order
     pre_left = token_budget - dec_left  # the rest is for prefill
-    # room = free_kv + evictable KV of requests neither granted nor protected - KV of
-    # grants. Granting r t tokens costs t + r.evictable_kv of room (r stops being
-    # reclaimable); protecting r costs r.evictable_kv. room >= 0 after each grant: I3.
+    # room = free_kv + reclaimable KV of requests neither granted nor protected - KV of
+    # grants. Granting r t tokens costs t + r.reclaimable_kv of room (r stops being
+    # reclaimable); protecting r costs r.reclaimable_kv. room >= 0 after each grant: I3.
     room = free_kv + sum(ev)
     grants: list[Grant] = []
     granted: list[int] = []  # indices in `order` of the grants, ascending
@@ -220,7 +220,7 @@ def choose_victims(
     views: Sequence[ReqView] | Mapping[str, ReqView],
     needed_kv: int | None = None,
 ) -> list[str]:
-    """The shortest prefix of `plan.victims` whose evictable KV covers `needed_kv`
+    """The shortest prefix of `plan.victims` whose reclaimable KV covers `needed_kv`
     (default: `plan.kv_shortfall`); all victims when they cannot cover it; empty when
     nothing is needed.
 
@@ -235,7 +235,7 @@ def choose_victims(
     freed = 0
     for rid in plan.victims:
         out.append(rid)
-        freed += by_rid[rid].evictable_kv
+        freed += by_rid[rid].reclaimable_kv
         if freed >= need:
             break
     return out

@@ -25,7 +25,7 @@ _F = ReqView._fields  # getters by index: faster than attrgetter on a NamedTuple
 _RID = itemgetter(_F.index("rid"))
 _ARRIVAL = itemgetter(_F.index("arrival"))
 _LAST_CHUNK = itemgetter(_F.index("last_chunk"))
-_COMPUTED = itemgetter(_F.index("computed"))
+_HELD = itemgetter(_F.index("held"))
 
 
 class Policy:
@@ -152,13 +152,13 @@ class LcasPolicy(Policy):
 
 @register("mcps")
 class McpsPolicy(Policy):
-    """Most computed tokens first (the request closest to done, and the most expensive to
+    """Most computed (held) tokens first (the request closest to done, and the most expensive to
     preempt, keeps going). No complete-before-partial split, as in the paper.
-    Key: (no work, -computed, arrival, rid)."""
+    Key: (no work, -held, arrival, rid)."""
 
     idle_last = True
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
         ordered = _by_arrival(views)
-        ordered.sort(key=_COMPUTED, reverse=True)  # reverse keeps stability
+        ordered.sort(key=_HELD, reverse=True)  # reverse keeps stability
         return _concat(_split(ordered, by_complete=False))

@@ -17,7 +17,7 @@ class ReqView(NamedTuple):
     """One request (plain or stream) as the planner sees it, in tokens.
 
     Invariants the integrator keeps (not checked, for speed):
-      - `computed` >= 0: tokens whose KV the request holds now (on device).
+      - `held` >= 0: tokens whose KV the request holds now (on device).
       - `pending` >= 0: tokens arrived but not yet prefilled, i.e. what it would prefill now.
         0 for an idle partial stream with nothing new and for a decoding request.
       - `decoding`: already generating; needs exactly 1 token of budget and 1 KV slot per step
@@ -26,8 +26,10 @@ class ReqView(NamedTuple):
       - `last_chunk`: arrival time of the latest chunk; for a plain request, `arrival`.
       - `state`: "idle" exactly when it has no work (not decoding, nothing pending); else
         "running" if it holds KV, "waiting" if not. Informational: the planner does not read it.
-      - 0 <= `evictable_kv` <= `computed`: KV tokens that preempting it would free (the tokens it
+      - 0 <= `reclaimable_kv` <= `held`: KV tokens that preempting it would free (the tokens it
         holds privately; a prefix shared with other requests is not freed by one preemption).
+        Reclaimable means freed by preempting this request; SGLang's `evictable_size()` is
+        another quantity: prefix-cache KV no request holds, evictable by LRU.
       - `rid`s are unique within one snapshot.
     Timestamps are seconds on any clock, as long as all views of one step share it.
     """
@@ -37,11 +39,11 @@ class ReqView(NamedTuple):
     complete: bool
     arrival: float
     last_chunk: float
-    computed: int
+    held: int
     pending: int
     state: ReqState
     decoding: bool
-    evictable_kv: int
+    reclaimable_kv: int
 
     @property
     def has_work(self) -> bool:
@@ -62,7 +64,7 @@ class Plan(NamedTuple):
     - `grants`: in priority order. A decoding request gets exactly 1 token, a prefill
       1..pending tokens; at most one prefill grant is truncated (chunked), the last one.
     - `order`: every rid of the snapshot, highest priority first (the policy's order).
-    - `victims`: the requests not granted that hold evictable KV, in preemption order (never a
+    - `victims`: the requests not granted that hold reclaimable KV, in preemption order (never a
       granted request): first those with no work (idle partial streams), then the others,
       lowest priority first, with the ones the plan protects last.
     - `kv_needed`: KV slots the grants need (= sum of granted tokens).

@@ -8,7 +8,7 @@ from s2l_sglang.stream.errors import (
     StreamError,
     UnknownStream,
 )
-from s2l_sglang.stream.tokens import TurnPlan, lcp, plan_turn
+from s2l_sglang.stream.tokens import Turn, lcp, next_turn
 
 __all__ = [
     "ContextTooLong",
@@ -16,8 +16,8 @@ __all__ = [
     "EmptyChunk",
     "StreamClosed",
     "StreamError",
-    "TurnPlan",
+    "Turn",
     "UnknownStream",
     "lcp",
-    "plan_turn",
+    "next_turn",
 ]

@@ -35,7 +35,7 @@ from s2l_sglang.stream.errors import (
     StreamError,
     UnknownStream,
 )
-from s2l_sglang.stream.tokens import TurnPlan, plan_turn
+from s2l_sglang.stream.tokens import Turn, next_turn
 
 PREFILL_ONLY = {"max_new_tokens": 0}
 
@@ -251,7 +251,7 @@ class StreamManager:
         """Prefill turns until the held tokens match the latest text (or the stream finishes)."""
         try:
             while not stream.closed and not stream.finishing:
-                plan = plan_turn(stream.held, stream.ids, self.page_size)
+                plan = next_turn(stream.held, stream.ids, self.page_size)
                 if plan is None:
                     return
                 await self._turn(
@@ -262,7 +262,7 @@ class StreamManager:
             await self._close(stream, f"aborted: {exc}")
 
     async def _turn(
-        self, stream: Stream, plan: TurnPlan, sampling_params: dict, rid: str, sink=None
+        self, stream: Stream, plan: Turn, sampling_params: dict, rid: str, sink=None
     ) -> dict:
         from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -317,7 +317,7 @@ class StreamManager:
                 raise stream.error
             if not stream.ids:
                 raise EmptyChunk("cannot finish a stream with an empty context", stream.sid)
-            plan = plan_turn(stream.held, stream.ids, self.page_size, need_input=True)
+            plan = next_turn(stream.held, stream.ids, self.page_size, need_input=True)
             unprefilled = len(plan.delta)
             queue: asyncio.Queue = asyncio.Queue()
             first: list[float] = []

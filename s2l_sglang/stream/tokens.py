@@ -25,7 +25,7 @@ def lcp(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-class TurnPlan(NamedTuple):
+class Turn(NamedTuple):
     """What one engine turn sends: keep `keep` held tokens, then prefill `delta`."""
 
     keep: int  # held tokens to keep (page-aligned); the rest of the held tokens is invalidated
@@ -33,9 +33,9 @@ class TurnPlan(NamedTuple):
     rollback: bool  # True when keep < len(held): the turn invalidates held KV
 
 
-def plan_turn(
+def next_turn(
     held: Sequence[int], new: Sequence[int], page_size: int = 1, need_input: bool = False
-) -> TurnPlan | None:
+) -> Turn | None:
     """Plan the turn that takes the engine from `held` tokens to `new` tokens.
 
     Returns None when there is nothing to send (`new == held`, unless `need_input`). Every turn
@@ -49,4 +49,4 @@ def plan_turn(
     keep = min(keep, len(new) - 1)
     if page_size > 1:
         keep -= keep % page_size
-    return TurnPlan(keep, list(new[keep:]), keep < len(held))
+    return Turn(keep, list(new[keep:]), keep < len(held))

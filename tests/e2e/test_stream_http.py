@@ -165,3 +165,28 @@ def test_idle_stream_times_out_over_http(server):
     time.sleep(3 + 2.5)
     resp = post(server, "/stream/append", {"stream_id": "h-idle", "text": "late"})
     assert resp.status_code == 409 and "idle" in resp.json()["error"]["message"]
+
+
+def _sched_state(server) -> dict:
+    info = requests.get(f"{server.url}/server_info", headers=server.headers, timeout=30).json()
+    states = [s["s2l_sched"] for s in info["internal_states"] if "s2l_sched" in s]
+    assert len(states) == 1, info["internal_states"]
+    return states[0]
+
+
+def test_serve_flags_reach_the_scheduler_and_the_policy_switches_over_http(server):
+    state = _sched_state(server)
+    assert state["preemption"] == "recompute"  # `--preemption recompute` of the fixture
+    assert state["policy"] == "default"
+    try:
+        resp = post(server, "/stream/policy", {"policy": "fcfs"})
+        assert resp.status_code == 200 and resp.json() == {"policy": "fcfs"}
+        assert _sched_state(server)["policy"] == "fcfs"
+        bad = post(server, "/stream/policy", {"policy": "fastest"})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["code"] == "bad_request"
+        assert "fastest" in bad.json()["error"]["message"]
+        assert post(server, "/stream/policy", {"policy": "fcfs"}, headers={}).status_code == 401
+    finally:
+        post(server, "/stream/policy", {"policy": "default"})
+    assert _sched_state(server)["policy"] == "default"

@@ -21,12 +21,12 @@ def view(
     *,
     complete: bool = True,
     arrival: float = 0.0,
-    computed: int = 0,
+    held: int = 0,
     pending: int = 0,
     decoding: bool = False,
-    evictable: int | None = None,
+    reclaimable: int | None = None,
 ) -> ReqView:
-    state = "running" if computed or decoding else "waiting"
+    state = "running" if held or decoding else "waiting"
     if not decoding and pending == 0:
         state = "idle"
     return ReqView(
@@ -35,11 +35,11 @@ def view(
         complete=complete,
         arrival=arrival,
         last_chunk=arrival,
-        computed=computed,
+        held=held,
         pending=pending,
         state=state,
         decoding=decoding,
-        evictable_kv=computed if evictable is None else evictable,
+        reclaimable_kv=held if reclaimable is None else reclaimable,
     )
 
 
@@ -58,8 +58,8 @@ def test_budget_respected_and_last_prefill_chunked() -> None:
 def test_decoding_requests_take_one_token_each_first() -> None:
     vs = [
         view("pre", pending=100, arrival=0),
-        view("d1", decoding=True, computed=20, arrival=1),
-        view("d2", decoding=True, computed=20, arrival=2),
+        view("d1", decoding=True, held=20, arrival=1),
+        view("d2", decoding=True, held=20, arrival=2),
     ]
     assert plan(vs, "fcfs", 50, 10_000).granted == {"pre": 48, "d1": 1, "d2": 1}
     # fewer budget tokens than decoders: the highest-priority decoders, no prefill at all
@@ -70,8 +70,8 @@ def test_decoding_requests_take_one_token_each_first() -> None:
 
 def test_zero_budget_grants_nothing_and_all_holders_are_victims() -> None:
     vs = [
-        view("a", pending=5, computed=3),
-        view("b", decoding=True, computed=4, arrival=1),
+        view("a", pending=5, held=3),
+        view("b", decoding=True, held=4, arrival=1),
     ]
     p = plan(vs, "fcfs", 0, 100)
     assert p.grants == () and p.victims == ("b", "a") and p.kv_shortfall == 0
@@ -86,10 +86,10 @@ def test_negative_inputs_rejected() -> None:
 
 def test_kv_shortfall_preempts_idle_partial_streams_lowest_priority_first() -> None:
     vs = [
-        view("idle1", complete=False, computed=40, arrival=0),
+        view("idle1", complete=False, held=40, arrival=0),
         view("new", pending=100, arrival=5),
-        view("idle2", complete=False, computed=30, arrival=1),
-        view("run", complete=False, computed=20, pending=10, arrival=2),
+        view("idle2", complete=False, held=30, arrival=1),
+        view("run", complete=False, held=20, pending=10, arrival=2),
     ]
     p = plan(vs, "fcfs", token_budget=1000, free_kv=60)
     assert p.order == ("new", "run", "idle1", "idle2")
@@ -105,9 +105,9 @@ def test_kv_shortfall_preempts_idle_partial_streams_lowest_priority_first() -> N
 
 def test_infeasible_grant_shrinks_to_what_the_pool_can_hold() -> None:
     vs = [
-        view("big", pending=500, computed=100, arrival=0),
+        view("big", pending=500, held=100, arrival=0),
         view("small", pending=10, arrival=1),
-        view("idle", complete=False, computed=50, arrival=2),
+        view("idle", complete=False, held=50, arrival=2),
     ]
     p = plan(vs, "fcfs", token_budget=1000, free_kv=100)
     # room for big = free 100 + idle's 50 (its own 100 stays with it) -> a 150-token chunk
@@ -118,8 +118,8 @@ def test_infeasible_grant_shrinks_to_what_the_pool_can_hold() -> None:
 
 def test_denied_request_keeps_its_kv_from_lower_priority_requests() -> None:
     vs = [
-        view("d", decoding=True, computed=10, arrival=0),
-        view("hog", pending=5, computed=200, arrival=1),  # wants 5, nothing left for it
+        view("d", decoding=True, held=10, arrival=0),
+        view("hog", pending=5, held=200, arrival=1),  # wants 5, nothing left for it
         view("tiny", pending=5, arrival=2),  # would fit only by preempting "hog"
     ]
     p = plan(vs, "fcfs", token_budget=100, free_kv=1)
@@ -130,7 +130,7 @@ def test_denied_request_keeps_its_kv_from_lower_priority_requests() -> None:
 def test_top_request_that_cannot_progress_does_not_stall_others() -> None:
     # "hog" holds the whole pool and wants more: no plan helps it this step; "tiny" proceeds
     vs = [
-        view("hog", pending=5, computed=200, arrival=0),
+        view("hog", pending=5, held=200, arrival=0),
         view("tiny", pending=5, arrival=1),
     ]
     p = plan(vs, "fcfs", token_budget=100, free_kv=0)
@@ -142,11 +142,11 @@ def test_passed_over_request_keeps_its_kv_from_lower_grants() -> None:
     # "p2" ranks above decoder "d3" but gets no budget ("p1" took it); "d3" may use free KV
     # and the idle stream's KV, never p2's, and p2 is the last victim (protected)
     vs = [
-        view("d0", decoding=True, computed=5, evictable=0, arrival=0),
+        view("d0", decoding=True, held=5, reclaimable=0, arrival=0),
         view("p1", pending=10, arrival=1),
-        view("p2", pending=5, computed=50, arrival=2),
-        view("d3", decoding=True, computed=5, evictable=0, arrival=3),
-        view("idle", complete=False, computed=5, arrival=4),
+        view("p2", pending=5, held=50, arrival=2),
+        view("d3", decoding=True, held=5, reclaimable=0, arrival=3),
+        view("idle", complete=False, held=5, arrival=4),
     ]
     p = plan(vs, "default", token_budget=12, free_kv=7)
     assert p.granted == {"d0": 1, "p1": 10, "d3": 1}
@@ -160,9 +160,9 @@ def test_passed_over_request_keeps_its_kv_from_lower_grants() -> None:
 
 def test_default_policy_preempts_idle_streams_first() -> None:
     vs = [
-        view("idle_first", complete=False, computed=30, arrival=0),
-        view("run", pending=100, computed=10, arrival=1),
-        view("late", pending=5, computed=20, arrival=2),
+        view("idle_first", complete=False, held=30, arrival=0),
+        view("run", pending=100, held=10, arrival=1),
+        view("late", pending=5, held=20, arrival=2),
     ]
     p = plan(vs, "default", token_budget=100, free_kv=50)
     assert p.granted == {"run": 100} and p.kv_shortfall == 50
@@ -173,8 +173,8 @@ def test_default_policy_preempts_idle_streams_first() -> None:
 
 def test_policy_changes_who_gets_scarce_kv() -> None:
     vs = [
-        view("early", complete=False, computed=10, pending=50, arrival=0, evictable=0),
-        view("most", complete=False, computed=300, pending=50, arrival=1, evictable=0),
+        view("early", complete=False, held=10, pending=50, arrival=0, reclaimable=0),
+        view("most", complete=False, held=300, pending=50, arrival=1, reclaimable=0),
     ]
     assert plan(vs, "fcfs", 1000, 40).granted == {"early": 40}
     assert plan(vs, "mcps", 1000, 40).granted == {"most": 40}
@@ -189,7 +189,7 @@ def reference_plan(views: list[ReqView], policy: str, budget: int, free_kv: int)
     n_dec = sum(v.decoding for v in order)
     dec_left = min(n_dec, budget)
     pre_left = budget - dec_left
-    room = free_kv + sum(v.evictable_kv for v in order)
+    room = free_kv + sum(v.reclaimable_kv for v in order)
     grants: list[tuple[str, int]] = []
     for v in order:
         if v.decoding:
@@ -199,7 +199,7 @@ def reference_plan(views: list[ReqView], policy: str, budget: int, free_kv: int)
             want = min(pre_left, v.pending)
         else:
             continue
-        cap = room - v.evictable_kv
+        cap = room - v.reclaimable_kv
         if want and cap > 0:
             want = min(want, cap)
             grants.append((v.rid, want))
@@ -216,7 +216,7 @@ def reference_plan(views: list[ReqView], policy: str, budget: int, free_kv: int)
     def group(v: ReqView) -> int:  # preemption order: no work, unprotected, protected
         return 0 if not v.has_work else 2 if first < rank[v.rid] < last else 1
 
-    holders = [v for v in order if v.rid not in got and v.evictable_kv > 0]
+    holders = [v for v in order if v.rid not in got and v.reclaimable_kv > 0]
     victims = sorted(holders, key=lambda v: (group(v), -rank[v.rid]))
     need = sum(got.values())
     return Plan(
@@ -246,7 +246,7 @@ def check_invariants(views: list[ReqView], policy: str, budget: int, free_kv: in
     prefills = [g for g in p.grants if not by[g.rid].decoding]
     assert all(g.tokens == by[g.rid].pending for g in prefills[:-1])
     # I4 victims: exactly the ungranted KV holders, never a granted one
-    holders = {r for r in p.order if r not in got and by[r].evictable_kv > 0}
+    holders = {r for r in p.order if r not in got and by[r].reclaimable_kv > 0}
     assert set(p.victims) == holders and len(p.victims) == len(holders)
     first = rank[p.grants[0].rid] if p.grants else len(views)
     last = rank[p.grants[-1].rid] if p.grants else len(views)
@@ -257,20 +257,20 @@ def check_invariants(views: list[ReqView], policy: str, budget: int, free_kv: in
     # I3 KV: the unprotected victims cover the shortfall; choose_victims never goes further
     assert p.kv_needed == sum(got.values())
     assert p.kv_shortfall == max(0, p.kv_needed - free_kv)
-    cover = sum(by[r].evictable_kv for r in holders if not protected(r))
+    cover = sum(by[r].reclaimable_kv for r in holders if not protected(r))
     assert p.kv_needed <= free_kv + cover
     chosen = choose_victims(p, views)
-    assert sum(by[r].evictable_kv for r in chosen) >= p.kv_shortfall
+    assert sum(by[r].reclaimable_kv for r in chosen) >= p.kv_shortfall
     assert not any(protected(r) for r in chosen)
     # budget of each request as if nothing were granted: the decode reservation comes first
     decoders = [r for r in p.order if by[r].decoding]
     budgeted = set(decoders[:budget])
     prefill_budget = budget - min(len(decoders), budget)
-    total_ev = sum(v.evictable_kv for v in views)
+    total_ev = sum(v.reclaimable_kv for v in views)
 
     def stuck(v: ReqView) -> bool:  # no budget, or no slot even with all others preempted
         has_budget = v.rid in budgeted if v.decoding else v.pending > 0 and prefill_budget > 0
-        return not has_budget or free_kv + total_ev - v.evictable_kv < 1
+        return not has_budget or free_kv + total_ev - v.reclaimable_kv < 1
 
     # I5 progress of the top request with work
     top = next((by[r] for r in p.order if by[r].has_work), None)
@@ -284,7 +284,7 @@ def random_views(rng: random.Random, n: int, scale: int) -> list[ReqView]:
     views = []
     for i in range(n):
         decoding = rng.random() < 0.25
-        computed = rng.choice([0, rng.randint(0, 4 * scale)])
+        held = rng.choice([0, rng.randint(0, 4 * scale)])
         pending = 0 if decoding else rng.choice([0, 0, 1, scale // 4, scale, 8 * scale])
         arrival = float(rng.randint(0, 8))  # coarse times: many ties
         views.append(
@@ -294,11 +294,11 @@ def random_views(rng: random.Random, n: int, scale: int) -> list[ReqView]:
                 complete=decoding or rng.random() < 0.5,
                 arrival=arrival,
                 last_chunk=arrival + rng.randint(0, 8),
-                computed=computed,
+                held=held,
                 pending=pending,
-                state="running" if decoding or computed else ("waiting" if pending else "idle"),
+                state="running" if decoding or held else ("waiting" if pending else "idle"),
                 decoding=decoding,
-                evictable_kv=rng.randint(0, computed),
+                reclaimable_kv=rng.randint(0, held),
             )
         )
     return views

@@ -20,11 +20,11 @@ def view(
     complete: bool = True,
     arrival: float = 0.0,
     last_chunk: float | None = None,
-    computed: int = 0,
+    held: int = 0,
     pending: int = 10,
     decoding: bool = False,
 ) -> ReqView:
-    state = "running" if computed or decoding else "waiting"
+    state = "running" if held or decoding else "waiting"
     if not decoding and pending == 0:
         state = "idle"
     return ReqView(
@@ -33,11 +33,11 @@ def view(
         complete=complete if stream else True,
         arrival=arrival,
         last_chunk=arrival if last_chunk is None else last_chunk,
-        computed=computed,
+        held=held,
         pending=0 if decoding else pending,
         state=state,
         decoding=decoding,
-        evictable_kv=computed,
+        reclaimable_kv=held,
     )
 
 
@@ -69,10 +69,10 @@ def test_new_policy_is_one_class(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_default_keeps_input_order_and_lists_idle_last() -> None:
     vs = [
         view("p", complete=False, arrival=0.0),
-        view("idle", complete=False, pending=0, computed=5),
+        view("idle", complete=False, pending=0, held=5),
         view("c", arrival=9.0),
-        view("idle2", complete=False, pending=0, computed=5, arrival=-1.0),
-        view("d", decoding=True, computed=3, arrival=5.0),
+        view("idle2", complete=False, pending=0, held=5, arrival=-1.0),
+        view("d", decoding=True, held=3, arrival=5.0),
     ]
     assert rids("default", vs) == ["p", "c", "d", "idle", "idle2"]
     assert rids("default", vs[::-1]) == ["d", "c", "p", "idle2", "idle"]
@@ -91,10 +91,10 @@ def test_fcfs_complete_before_partial_then_arrival() -> None:
 
 def test_work_before_idle_and_idle_ranks_last() -> None:
     vs = [
-        view("idle_old", complete=False, pending=0, computed=50, arrival=0.0),
+        view("idle_old", complete=False, pending=0, held=50, arrival=0.0),
         view("partial", complete=False, arrival=2.0),
         view("complete", arrival=3.0),
-        view("decode", decoding=True, computed=9, arrival=4.0),
+        view("decode", decoding=True, held=9, arrival=4.0),
     ]
     assert rids("fcfs", vs) == ["complete", "decode", "partial", "idle_old"]
     assert rids("lcas", vs) == ["complete", "decode", "partial", "idle_old"]
@@ -115,9 +115,9 @@ def test_lcas_earliest_last_chunk_first_complete_before_partial() -> None:
 
 def test_mcps_most_computed_first_no_complete_split() -> None:
     vs = [
-        view("c_small", computed=10, arrival=0.0),
-        view("p_big", complete=False, computed=500, arrival=1.0),
-        view("c_mid", computed=100, arrival=2.0),
+        view("c_small", held=10, arrival=0.0),
+        view("p_big", complete=False, held=500, arrival=1.0),
+        view("c_mid", held=100, arrival=2.0),
     ]
     assert rids("mcps", vs) == ["p_big", "c_mid", "c_small"]
 
@@ -125,9 +125,9 @@ def test_mcps_most_computed_first_no_complete_split() -> None:
 @pytest.mark.parametrize("name", ["fcfs", "lcas", "mcps"])
 def test_ties_broken_by_arrival_then_rid(name: str) -> None:
     vs = [
-        view("b", arrival=1.0, last_chunk=7.0, computed=5),
-        view("a", arrival=1.0, last_chunk=7.0, computed=5),
-        view("c", arrival=0.5, last_chunk=7.0, computed=5),
+        view("b", arrival=1.0, last_chunk=7.0, held=5),
+        view("a", arrival=1.0, last_chunk=7.0, held=5),
+        view("c", arrival=0.5, last_chunk=7.0, held=5),
     ]
     assert rids(name, vs) == ["c", "a", "b"]
 
@@ -141,7 +141,7 @@ def test_order_is_deterministic_in_input_order(name: str) -> None:
             complete=rng.random() < 0.5,
             arrival=float(rng.randint(0, 3)),
             last_chunk=float(rng.randint(3, 6)),
-            computed=rng.choice([0, 8, 16]),
+            held=rng.choice([0, 8, 16]),
             pending=rng.choice([0, 4]),
         )
         for i in range(60)

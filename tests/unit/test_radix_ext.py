@@ -262,6 +262,6 @@ def test_rollback_to_published_boundary_then_truncating_turn():
     # keep == cache_protected_len must release the slot: a next turn matches keep - 1 tokens,
     # and SGLang asserts a session's match never shrinks below its published prefix.
     s = make_stream(n=12, published=4)
-    rollback_streaming_session(s.session, s.cache, 4)  # plan_turn(held, held[:4]) -> delta []
+    rollback_streaming_session(s.session, s.cache, 4)  # next_turn(held, held[:4]) -> delta []
     req = next_turn(s, 4, [])
     assert req.prefix_len == 3

@@ -1,0 +1,65 @@
+"""`StreamConfig`: validated at construction, split off `s2l serve`'s argv, and carried to
+SGLang's processes on a real `ServerArgs` record (pickled as SGLang pickles it for its children)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from s2l_sglang.config import StreamConfig, attach, of_server_args, split_argv
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"stream_policy": "fastest"},
+        {"preemption": "never"},
+        {"host_kv_tokens": 0},
+        {"host_kv_tokens": "many"},
+        {"stream_idle_timeout": -1.0},
+        {"max_body_bytes": 0},
+    ],
+)
+def test_an_invalid_value_is_refused_at_construction(bad):
+    with pytest.raises(ValueError):
+        StreamConfig(**bad)
+
+
+def test_defaults_are_valid_and_round_trip_through_a_dict():
+    config = StreamConfig(stream_policy="lcas", preemption="swap", host_kv_tokens=512)
+    assert StreamConfig.from_dict(config.as_dict()) == config
+    with pytest.raises(ValueError, match="unknown stream settings"):
+        StreamConfig.from_dict({**config.as_dict(), "stream_polcy": "fcfs"})
+
+
+def test_serve_argv_is_split_into_ours_and_sglangs():
+    argv = ["--port", "30001", "--stream-policy", "mcps", "--stream-idle-timeout=0"]
+    argv += ["--stream-interval", "4", "--max-stream-body-bytes", "1024", "--dtype", "bfloat16"]
+    config, rest = split_argv(argv)
+    assert config.stream_policy == "mcps"
+    assert config.stream_idle_timeout is None  # 0: never
+    assert config.max_body_bytes == 1024
+    # SGLang's flags stay, including one that shares a prefix with ours
+    assert rest == ["--port", "30001", "--stream-interval", "4", "--dtype", "bfloat16"]
+
+
+def test_a_bad_serve_flag_fails_before_anything_starts(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        split_argv(["--stream-policy", "fastest"])
+    assert exit_info.value.code == 2
+    assert "fastest" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        split_argv(["--host-kv-tokens", "-5"])
+
+
+def test_the_config_travels_on_sglangs_server_args_to_child_processes():
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs(model_path="dummy")
+    assert of_server_args(server_args) == StreamConfig()  # a server not started by us
+    config = StreamConfig(stream_policy="fcfs", preemption="recompute", stream_idle_timeout=3.0)
+    attach(server_args, config)
+    child = pickle.loads(pickle.dumps(server_args))  # what SGLang's process spawn does
+    assert of_server_args(child) == config
+    assert child.model_path == "dummy"
