@@ -77,12 +77,14 @@ class PdPorts:
 
 
 def instance_argv(role: str, host: str, ports: PdPorts, user_argv: list[str]) -> list[str]:
-    """`s2l serve` arguments of the prefill or decode instance."""
+    """`s2l serve` arguments of the prefill or decode instance (the prefill instance's streams
+    send their final turns through the router: `--stream-pd-router`)."""
     port = ports.prefill if role == "prefill" else ports.decode
     argv = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", host, "--port", str(port)]
     argv += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", TRANSFER_BACKEND]
     if role == "prefill":
         argv += ["--disaggregation-bootstrap-port", str(ports.bootstrap)]
+        argv += ["--stream-pd-router", f"http://{host}:{ports.router}"]
     return argv + user_argv
 
 
@@ -133,10 +135,9 @@ class PdSet:
     def start(self, timeout_s: float = 900.0) -> PdSet:
         """Start prefill and decode, then the router once both are healthy; wait for it."""
         env = dict(os.environ, **self.env, SGLANG_HOST_IP=self.host)  # Mooncake binds it
-        prefill_env = dict(env, S2L_PD_ROUTER=self.router_url)
-        for role, role_env in (("prefill", prefill_env), ("decode", env)):
+        for role in ("prefill", "decode"):
             argv = instance_argv(role, self.host, self.ports, self.user_argv)
-            self.procs[role] = subprocess.Popen(argv, env=role_env, start_new_session=True)
+            self.procs[role] = subprocess.Popen(argv, env=env, start_new_session=True)
         try:
             self._wait(
                 {"prefill": f"{self.prefill_url}/health", "decode": f"{self.decode_url}/health"},

@@ -27,8 +27,11 @@ def test_launcher_command_lines():
     prefill = instance_argv("prefill", "127.0.0.1", ports, ["--dtype", "float32"])
     assert prefill[-2:] == ["--dtype", "float32"]
     assert "prefill" in prefill and str(ports.bootstrap) in prefill and "40001" in prefill
+    # the prefill instance's final turns go through the router (our flag, not the environment)
+    assert prefill[prefill.index("--stream-pd-router") + 1] == "http://127.0.0.1:40000"
     decode = instance_argv("decode", "127.0.0.1", ports, [])
     assert "decode" in decode and "--disaggregation-bootstrap-port" not in decode
+    assert "--stream-pd-router" not in decode
     assert "mooncake_tcp" in prefill and "mooncake_tcp" in decode
     router = router_argv("127.0.0.1", ports)
     assert router[router.index("--prefill") + 1 : router.index("--prefill") + 3] == [
