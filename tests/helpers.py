@@ -12,10 +12,14 @@ CORPUS = [
 ] * 20
 
 
-def build_tiny_llama(path: Path) -> Path:
-    """Write a 2-layer random Llama and a byte-level BPE tokenizer trained on CORPUS to `path`."""
+def build_tiny_llama(path: Path, add_bos: bool = False) -> Path:
+    """Write a 2-layer random Llama and a byte-level BPE tokenizer trained on CORPUS to `path`.
+
+    `add_bos`: the tokenizer puts `<s>` before every text it encodes with special tokens (as
+    Llama-3's does), so a prompt tokenized without them differs from SGLang's tokenization.
+    """
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE(unk_token=None))
@@ -27,6 +31,11 @@ def build_tiny_llama(path: Path) -> Path:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     bpe.train_from_iterator(CORPUS, trainer)
+    if add_bos:
+        bos_id = bpe.token_to_id("<s>")
+        bpe.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
+        )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
     tokenizer.save_pretrained(path)
 

@@ -245,7 +245,12 @@ class StreamManager:
             stream.pump = asyncio.ensure_future(self._pump(stream))
 
     def _tokenize(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """The ids SGLang gives the same text sent to `/generate`: its tokenizer manager calls
+        the tokenizer with its defaults, special tokens included (a BOS for Llama-3), through
+        `tokenizer(texts)` for a fast tokenizer and `encode` otherwise (`_tokenize_texts`)."""
+        if getattr(self.tokenizer, "is_fast", False):
+            return list(self.tokenizer(text)["input_ids"])
+        return list(self.tokenizer.encode(text))
 
     async def _pump(self, stream: Stream) -> None:
         """Prefill turns until the held tokens match the latest text (or the stream finishes)."""

@@ -56,8 +56,7 @@ def run(policy: str, preemption: str) -> dict:
         t.join(timeout=600)
     refs = {}
     for i in range(STREAMS):
-        ids = eng.tokenizer.encode(context(i) + QUESTION, add_special_tokens=False)
-        refs[i] = eng.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"]
+        refs[i] = eng.generate(prompt=context(i) + QUESTION, sampling_params=GREEDY)["output_ids"]
     return {
         "pool": POOL_TOKENS,
         "sizes": sizes,

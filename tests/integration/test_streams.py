@@ -21,8 +21,8 @@ QUESTION = "\nQuestion: Who designed the Eiffel Tower, and when was it built?\nA
 
 
 def reference(engine, text: str) -> dict:
-    ids = engine.tokenizer.encode(text, add_special_tokens=False)
-    return engine.generate(input_ids=ids, sampling_params=GREEDY)
+    """A plain request for `text`, tokenized by SGLang itself."""
+    return engine.generate(prompt=text, sampling_params=GREEDY)
 
 
 def wait_held(engine, sid: str, tokens: int, timeout: float = 60.0) -> dict:
