@@ -1,9 +1,9 @@
 """Stream routes on SGLang's HTTP server (FastAPI app of `sglang.srt.entrypoints.http_server`).
 
-    POST /stream/open     {"stream_id"?, "sampling_params"?, "text"?}     -> stream status
-    POST /stream/append   {"stream_id", "text"}                            -> stream status
-    POST /stream/update   {"stream_id", "text" | "documents": [str, ...]}  -> stream status
-    POST /stream/finish   {"stream_id", "text"?, "sampling_params"?, "stream"?: true}
+    POST /stream/open     {"stream_id"?, "sampling_params"?, "text"? | "input_ids"?} -> status
+    POST /stream/append   {"stream_id", "text" | "input_ids"}                        -> status
+    POST /stream/update   {"stream_id", "text" | "documents": [str, ...] | "input_ids"} -> status
+    POST /stream/finish   {"stream_id", "text"? | "input_ids"?, "sampling_params"?, "stream"?}
                           -> server-sent events in /generate's format (data: {...} ... [DONE]),
                              or one JSON object with "stream": false
     POST /stream/abort    {"stream_id"}
@@ -13,6 +13,7 @@
                           streamed request body ({"op": "open"|"append"|"update"|"finish", ...}),
                           answered by the finish's server-sent events
 
+A stream's chunks are all text or all token ids (`input_ids`); mixing them is a 400.
 Errors: {"error": {"code", "message", "stream_id"}} with a 4xx status. SGLang's `--api-key`
 middleware covers these routes like its own. A client that disconnects while its output streams
 has its stream aborted (KV freed).
@@ -107,7 +108,12 @@ def _update_text(body: dict) -> str:
         if not all(isinstance(d, str) for d in docs):
             raise BadRequest("field 'documents' must be a list of strings", body.get("stream_id"))
         return "\n\n".join(docs)
-    return _field(body, "text", str)
+    return _field(body, "text", str, required=False, default="")
+
+
+def _input_ids(body: dict) -> list | None:
+    """The chunk as token ids (`input_ids`), or None for a text chunk (checked by the manager)."""
+    return _field(body, "input_ids", list, required=False)
 
 
 async def _sse(outputs: AsyncIterator[dict], on_disconnect) -> AsyncIterator[bytes]:
@@ -128,16 +134,18 @@ async def _dispatch(op: str, body: dict) -> Any:
     if op == "open":
         sid = _field(body, "stream_id", str, required=False) or uuid.uuid4().hex
         params = _field(body, "sampling_params", dict, required=False, default={})
-        return await mgr.open(sid, params, _field(body, "text", str, required=False, default=""))
+        text = _field(body, "text", str, required=False, default="")
+        return await mgr.open(sid, params, text, _input_ids(body))
     sid = _field(body, "stream_id", str)
     if op == "append":
-        return await mgr.append(sid, _field(body, "text", str))
+        text = _field(body, "text", str, required="input_ids" not in body, default="")
+        return await mgr.append(sid, text, _input_ids(body))
     if op == "update":
-        return await mgr.update(sid, _update_text(body))
+        return await mgr.update(sid, _update_text(body), _input_ids(body))
     if op == "finish":
         text = _field(body, "text", str, required=False, default="")
         params = _field(body, "sampling_params", dict, required=False)
-        return await mgr.finish(sid, text, params)
+        return await mgr.finish(sid, text, params, _input_ids(body))
     if op == "abort":
         await mgr.abort(sid)
         return {"stream_id": sid, "aborted": True}

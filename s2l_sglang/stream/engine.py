@@ -113,18 +113,32 @@ class StreamEngine:
 
     # ---- streams: sync ----------------------------------------------------------------------
 
-    def open_stream(self, sid: str, sampling_params: dict | None = None, text: str = "") -> dict:
-        return self._call(self.streams.open(sid, sampling_params, text))
+    # Each chunk is text or, with `input_ids=`, token ids; one stream does not mix the two.
 
-    def append(self, sid: str, text: str) -> dict:
-        return self._call(self.streams.append(sid, text))
+    def open_stream(
+        self,
+        sid: str,
+        sampling_params: dict | None = None,
+        text: str = "",
+        input_ids: list[int] | None = None,
+    ) -> dict:
+        return self._call(self.streams.open(sid, sampling_params, text, input_ids))
 
-    def update(self, sid: str, text: str) -> dict:
-        return self._call(self.streams.update(sid, text))
+    def append(self, sid: str, text: str = "", input_ids: list[int] | None = None) -> dict:
+        return self._call(self.streams.append(sid, text, input_ids))
 
-    def finish(self, sid: str, text: str = "", sampling_params: dict | None = None) -> dict:
+    def update(self, sid: str, text: str = "", input_ids: list[int] | None = None) -> dict:
+        return self._call(self.streams.update(sid, text, input_ids))
+
+    def finish(
+        self,
+        sid: str,
+        text: str = "",
+        sampling_params: dict | None = None,
+        input_ids: list[int] | None = None,
+    ) -> dict:
         """Finish the stream and return its final output (`meta_info["stream"]` has TTFT)."""
-        return self._call(self._collect(self.streams.finish(sid, text, sampling_params)))
+        return self._call(self._collect(self.streams.finish(sid, text, sampling_params, input_ids)))
 
     def abort(self, sid: str) -> None:
         self._call(self.streams.abort(sid))
@@ -138,20 +152,34 @@ class StreamEngine:
     # ---- streams: async ---------------------------------------------------------------------
 
     async def async_open_stream(
-        self, sid: str, sampling_params: dict | None = None, text: str = ""
+        self,
+        sid: str,
+        sampling_params: dict | None = None,
+        text: str = "",
+        input_ids: list[int] | None = None,
     ) -> dict:
-        return await self._acall(self.streams.open(sid, sampling_params, text))
+        return await self._acall(self.streams.open(sid, sampling_params, text, input_ids))
 
-    async def async_append(self, sid: str, text: str) -> dict:
-        return await self._acall(self.streams.append(sid, text))
+    async def async_append(
+        self, sid: str, text: str = "", input_ids: list[int] | None = None
+    ) -> dict:
+        return await self._acall(self.streams.append(sid, text, input_ids))
 
-    async def async_update(self, sid: str, text: str) -> dict:
-        return await self._acall(self.streams.update(sid, text))
+    async def async_update(
+        self, sid: str, text: str = "", input_ids: list[int] | None = None
+    ) -> dict:
+        return await self._acall(self.streams.update(sid, text, input_ids))
 
     async def async_finish(
-        self, sid: str, text: str = "", sampling_params: dict | None = None
+        self,
+        sid: str,
+        text: str = "",
+        sampling_params: dict | None = None,
+        input_ids: list[int] | None = None,
     ) -> dict:
-        return await self._acall(self._collect(self.streams.finish(sid, text, sampling_params)))
+        return await self._acall(
+            self._collect(self.streams.finish(sid, text, sampling_params, input_ids))
+        )
 
     async def async_abort(self, sid: str) -> None:
         await self._acall(self.streams.abort(sid))

@@ -39,3 +39,15 @@ class ContextTooLong(StreamError):
     """The context outgrew the model's length; the stream is aborted and its KV freed."""
 
     status, code = 413, "context_too_long"
+
+
+class MixedInput(StreamError):
+    """Text and token ids in one stream (or in one call): a stream takes one kind of chunk."""
+
+    status, code = 400, "mixed_input"
+
+
+class InvalidTokenIds(StreamError):
+    """`input_ids` that are not a list of ids in the model's vocabulary."""
+
+    status, code = 400, "invalid_input_ids"

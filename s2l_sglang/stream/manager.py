@@ -31,6 +31,8 @@ from s2l_sglang.stream.errors import (
     ContextTooLong,
     DuplicateStream,
     EmptyChunk,
+    InvalidTokenIds,
+    MixedInput,
     StreamClosed,
     StreamError,
     UnknownStream,
@@ -63,8 +65,9 @@ class Stream:
     sid: str
     sampling_params: dict[str, Any]
     opened_at: float
-    text: str = ""
-    ids: list[int] = field(default_factory=list)  # tokenization of `text`
+    text: str = ""  # the context, for a stream of text chunks
+    ids: list[int] = field(default_factory=list)  # its token ids (SGLang's tokenization of text)
+    kind: str | None = None  # "text" or "ids": set by the first chunk, never mixed
     held: list[int] = field(default_factory=list)
     last_chunk_at: float = 0.0
     last_activity: float = 0.0
@@ -103,18 +106,23 @@ class StreamManager:
         self.totals = StreamCounters()
         self._reaper: asyncio.Task | None = None
         # Where final turns run instead of this tokenizer manager: set on a PD prefill
-        # instance to `RouterFinal.outputs` (stream/pd_final.py); called as (obj, prompt ids).
+        # instance to `RouterFinal.outputs` (pd/final.py); called as (obj, prompt ids).
         self.final_outputs: Any = None
 
     # ---- public API -------------------------------------------------------------------------
 
     async def open(
-        self, sid: str, sampling_params: dict[str, Any] | None = None, text: str = ""
+        self,
+        sid: str,
+        sampling_params: dict[str, Any] | None = None,
+        text: str = "",
+        input_ids: list[int] | None = None,
     ) -> dict:
-        """Open a stream; `text` is an optional first chunk. Returns the stream's status."""
+        """Open a stream; `text` (or `input_ids`) is an optional first chunk. Returns the
+        stream's status. A stream's chunks are all text or all token ids."""
         if not isinstance(sid, str) or not sid or "::" in sid:
             raise StreamError(f"invalid stream id {sid!r}", sid)
-        self._check_chunk(sid, text)
+        kind, chunk = self._chunk(sid, text, input_ids)
         if sid in self.streams or sid in self._ended:
             raise DuplicateStream(f"stream {sid!r} already exists", sid)
         self._ensure_reaper()
@@ -128,41 +136,51 @@ class StreamManager:
         now = time.monotonic()
         stream = Stream(sid, dict(sampling_params or {}), now, last_activity=now)
         self.streams[sid] = stream
-        if text:
-            await self._set_text(stream, text, mode="append")
+        if chunk:
+            await self._extend(stream, kind, chunk)
         return self.status(sid)
 
-    async def append(self, sid: str, text: str) -> dict:
-        """Add `text` at the end of the stream's context; returns at once (prefill goes on)."""
+    async def append(self, sid: str, text: str = "", input_ids: list[int] | None = None) -> dict:
+        """Add `text` (or `input_ids`) at the end of the stream's context; returns at once
+        (prefill goes on)."""
         stream = self._live(sid)
-        self._check_chunk(sid, text)
-        if not text:
-            raise EmptyChunk("empty chunk: append needs text", sid)
-        await self._set_text(stream, stream.text + text, mode="append")
+        kind, chunk = self._chunk(sid, text, input_ids)
+        if not chunk:
+            raise EmptyChunk("empty chunk: append needs text or input_ids", sid)
+        await self._extend(stream, kind, chunk)
         return self.status(sid)
 
-    async def update(self, sid: str, text: str) -> dict:
-        """Replace the stream's whole context by a refined `text`."""
+    async def update(self, sid: str, text: str = "", input_ids: list[int] | None = None) -> dict:
+        """Replace the stream's whole context by a refined `text` (or `input_ids`)."""
         stream = self._live(sid)
-        self._check_chunk(sid, text)
-        if not text:
+        kind, chunk = self._chunk(sid, text, input_ids)
+        if not chunk:
             raise EmptyChunk("empty chunk: update needs the refined context", sid)
-        await self._set_text(stream, text, mode="update")
+        self._set_kind(stream, kind)
+        if kind == "ids":
+            await self._set_context(stream, list(chunk))
+        else:
+            await self._set_context(stream, self._tokenize(chunk), text=chunk)
         return self.status(sid)
 
     async def finish(
-        self, sid: str, text: str = "", sampling_params: dict[str, Any] | None = None
+        self,
+        sid: str,
+        text: str = "",
+        sampling_params: dict[str, Any] | None = None,
+        input_ids: list[int] | None = None,
     ) -> AsyncIterator[dict]:
-        """Close the context (with an optional last chunk) and stream the output.
+        """Close the context (with an optional last chunk, text or `input_ids`) and stream the
+        output.
 
         Yields SGLang's output dicts under the stream id; the last one's `meta_info["stream"]`
         holds `ttft_s` (finish to first output token), `unprefilled_at_finish` and the counters.
         """
         stream = self._live(sid)
-        self._check_chunk(sid, text)
+        kind, chunk = self._chunk(sid, text, input_ids)
         t_finish = time.perf_counter()
-        if text:
-            await self._set_text(stream, stream.text + text, mode="append", start_pump=False)
+        if chunk:
+            await self._extend(stream, kind, chunk, start_pump=False)
         stream.finishing = True
         return self._generate(stream, t_finish, sampling_params)
 
@@ -229,8 +247,49 @@ class StreamManager:
         if len(text) > self.max_chunk_chars:
             raise StreamError(f"chunk larger than {self.max_chunk_chars} characters", sid)
 
-    async def _set_text(self, stream: Stream, text: str, mode: str, start_pump: bool = True):
-        ids = self._tokenize(text)
+    def _chunk(self, sid: str, text: Any, input_ids: Any) -> tuple[str, str | list[int]]:
+        """A call's chunk, checked: ("text", str) or ("ids", list of ids in the vocabulary)."""
+        if input_ids is None:
+            self._check_chunk(sid, text)
+            return "text", text
+        if text:
+            raise MixedInput("give text or input_ids, not both", sid)
+        if not isinstance(input_ids, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in input_ids
+        ):
+            raise InvalidTokenIds("input_ids must be a list of integers", sid)
+        vocab = int(self.tm.model_config.vocab_size)
+        bad = next((i for i in input_ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise InvalidTokenIds(f"token id {bad} is outside the vocabulary [0, {vocab})", sid)
+        return "ids", input_ids
+
+    @staticmethod
+    def _set_kind(stream: Stream, kind: str) -> None:
+        if stream.kind is None:
+            stream.kind = kind
+        elif stream.kind != kind:
+            raise MixedInput(
+                f"stream {stream.sid!r} takes {'token ids' if stream.kind == 'ids' else 'text'};"
+                " a stream does not mix text and token ids",
+                stream.sid,
+            )
+
+    async def _extend(
+        self, stream: Stream, kind: str, chunk: str | list[int], start_pump: bool = True
+    ) -> None:
+        """Append a checked chunk to the stream's context."""
+        self._set_kind(stream, kind)
+        if kind == "ids":
+            await self._set_context(stream, stream.ids + list(chunk), start_pump=start_pump)
+        else:
+            text = stream.text + chunk
+            await self._set_context(stream, self._tokenize(text), text=text, start_pump=start_pump)
+
+    async def _set_context(
+        self, stream: Stream, ids: list[int], text: str = "", start_pump: bool = True
+    ) -> None:
+        """The stream's context is now `ids` (of `text`, for a text stream); the pump sends it."""
         if len(ids) >= self.context_len:
             await self._close(stream, "context too long")
             raise ContextTooLong(

@@ -190,3 +190,22 @@ def test_serve_flags_reach_the_scheduler_and_the_policy_switches_over_http(serve
     finally:
         post(server, "/stream/policy", {"policy": "default"})
     assert _sched_state(server)["policy"] == "default"
+
+
+def test_token_id_chunks_over_http_equal_a_plain_request(server):
+    tokenize = post(server, "/tokenize", {"prompt": CONTEXT + QUESTION})  # SGLang's own route
+    assert tokenize.status_code == 200, tokenize.text
+    ids = tokenize.json()["tokens"]
+    sid = "http-ids"
+    opened = post(server, "/stream/open", {"stream_id": sid, "sampling_params": GREEDY})
+    assert opened.status_code == 200
+    assert post(server, "/stream/append", {"stream_id": sid, "input_ids": ids[:20]}).ok
+    mixed = post(server, "/stream/append", {"stream_id": sid, "text": "words"})
+    assert mixed.status_code == 400 and mixed.json()["error"]["code"] == "mixed_input"
+    bad = post(server, "/stream/append", {"stream_id": sid, "input_ids": [-1]})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input_ids"
+    body = {"stream_id": sid, "input_ids": ids[20:], "stream": False}
+    final = post(server, "/stream/finish", body)
+    assert final.status_code == 200, final.text
+    ref = post(server, "/generate", {"input_ids": ids, "sampling_params": GREEDY})
+    assert final.json()["output_ids"] == ref.json()["output_ids"]
