@@ -1,5 +1,6 @@
 # Two commands do all the set-up: `make demo` (the main job) and `make test` (the test suite).
-# Both create or refresh the local virtual environment in .venv when needed.
+# Both create or refresh the local virtual environment in .venv when needed; `make test` also
+# installs the Debian libraries the prefill-decode tests load (`make pd-deps`, apt-get as root).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,13 +10,22 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 # What `s2l serve --pd` (and tests/e2e/test_pd.py) loads beyond the CPU set: shared object:Debian package
 PD_LIBS := libibverbs.so.1:libibverbs1 libnl-3.so.200:libnl-3-200 libnl-route-3.so.200:libnl-route-3-200
 
-.PHONY: venv pd-deps model demo test test-unit lint format clean workloads
+.PHONY: venv pd-deps crawler-site model demo test test-unit lint format clean workloads
 
-workloads: venv  ## regenerate both workload traces (seeded) into datasets/
+workloads: venv crawler-site  ## regenerate both workload traces (seeded) into datasets/
 	$(PY) -m bench.workloads.ann --out datasets/ann/traces.jsonl.xz
 	$(PY) -m bench.workloads.crawler --out datasets/crawler/traces.jsonl
 
-venv: $(STAMP) pd-deps
+venv: $(STAMP)
+
+# The site the crawler workload crawls: Debian's python3.11-doc, downloaded (not installed) and
+# extracted once into the cache (where bench/workloads/site.py looks for it).
+SITE_DIR ?= $(or $(S2L_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/stream2llm-sglang)/crawler/python3.11-doc
+crawler-site:
+	@test -f "$(SITE_DIR)/usr/share/doc/python3.11/html/index.html" || { \
+	  mkdir -p "$(SITE_DIR)" && cd "$(SITE_DIR)" && \
+	  { apt-get download python3.11-doc || { apt-get update && apt-get download python3.11-doc; }; } && \
+	  dpkg -x python3.11-doc_*.deb . ; }
 
 # The prefill-decode prerequisites: the `.[pd]` PyPI packages (pinned in requirements-cpu.txt, so
 # normally already there) and the Debian libraries the Mooncake wheel loads even for TCP
@@ -53,7 +63,7 @@ model: venv
 demo: model
 	$(VENV)/bin/s2l demo
 
-test: model
+test: model pd-deps
 	$(PY) -m pytest -q tests
 
 test-unit: venv

@@ -1,7 +1,7 @@
 """The crawled site: Debian's python3.11-doc (the Python 3.11 docs, PSF License), fetched with apt,
 served on 127.0.0.1, parsed into passages and links, and its FAQ questions.
 
-`ensure_site()` runs `apt-get download python3.11-doc` and `dpkg -x` into the cache dir once.
+`ensure_site()` finds it in the cache dir, where `make crawler-site` extracts Debian's package.
 `serve()` serves the HTML root at "/" (some links are root-absolute) with aiohttp.
 `parse_page()` reads a Sphinx page: its title, the text passages of its main body (one per
 paragraph, list item, definition, code block, heading, table cell) and the links in that body.
@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import html as html_lib
 import re
-import shutil
 import socket
-import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,30 +34,16 @@ _SPACES = re.compile(r"\s+")
 
 
 def ensure_site(root: Path | None = None) -> Path:
-    """The HTML root of the extracted python3.11-doc package (downloaded once into the cache)."""
+    """The HTML root of the extracted python3.11-doc package in the cache (`make crawler-site`
+    downloads and extracts it; nothing is fetched from here)."""
     base = root or cache_dir("crawler", "python3.11-doc")
     html = base / HTML_SUBDIR
-    if (html / "index.html").exists():
-        return html
-    for tool in ("apt-get", "dpkg"):
-        if shutil.which(tool) is None:
-            raise RuntimeError(
-                f"{tool} is not available: the crawler workload needs Debian's {PACKAGE}. "
-                f"Extract it yourself (apt-get download {PACKAGE}; dpkg -x {PACKAGE}_*.deb DIR) "
-                "and pass --site DIR/usr/share/doc/python3.11/html"
-            )
-    debs = sorted(base.glob(f"{PACKAGE}_*.deb"))
-    if not debs:
-        result = subprocess.run(
-            ["apt-get", "download", PACKAGE], cwd=base, capture_output=True, text=True
+    if not (html / "index.html").exists():
+        raise RuntimeError(
+            f"the crawler workload needs Debian's {PACKAGE} extracted into {base}: run "
+            "`make crawler-site` (or pass --site DIR with the extracted "
+            "usr/share/doc/python3.11/html)"
         )
-        debs = sorted(base.glob(f"{PACKAGE}_*.deb"))
-        if result.returncode != 0 or not debs:
-            raise RuntimeError(
-                f"apt-get download {PACKAGE} failed (run `apt-get update` first?):\n"
-                + result.stderr.strip()
-            )
-    subprocess.run(["dpkg", "-x", str(debs[-1]), str(base)], check=True)
     return html
 
 
