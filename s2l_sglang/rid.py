@@ -2,7 +2,7 @@
 
 A stream's handle is its stream id; inside SGLang each turn is a request of a streaming session
 named after the stream: `<stream id>::s2l<n>` for prefill turns, `<stream id>::s2l-final` for
-the turn that generates.
+the turn that generates (`-final1`, `-final2`, ... for the next ones of a stream kept open).
 """
 
 from __future__ import annotations
@@ -14,8 +14,17 @@ def turn_rid(stream_id: str, n: int) -> str:
     return f"{stream_id}{MARK}{n}"
 
 
-def final_rid(stream_id: str) -> str:
-    return f"{stream_id}{MARK}-final"
+def final_rid(stream_id: str, n: int = 0) -> str:
+    """The rid of a stream's `n`-th generating turn (n > 0 after a finish that kept it open)."""
+    return f"{stream_id}{MARK}-final{n or ''}"
+
+
+def is_final(rid: str | None) -> bool:
+    """True for a generating turn of a stream (`final_rid`)."""
+    if not rid or MARK not in rid:
+        return False
+    tail = rid.rpartition(MARK)[2]
+    return tail.startswith("-final") and (tail == "-final" or tail[6:].isdigit())
 
 
 def stream_of(rid: str | None) -> str | None:

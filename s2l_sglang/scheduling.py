@@ -29,7 +29,7 @@ from typing import Any
 
 from radix_ext.swap import HostKVPool
 from s2l_sglang.config import StreamConfig
-from s2l_sglang.rid import MARK, stream_of
+from s2l_sglang.rid import is_final, stream_of
 from s2l_sglang.sched.planner import choose_victims, plan
 from s2l_sglang.sched.policy import get_policy
 from s2l_sglang.sched.preemption import Preemption, get_preemption
@@ -123,7 +123,7 @@ class StreamScheduling:
         if info is None:
             info = self.streams[sid] = StreamInfo(opened=now, last_chunk=now)
         info.last_chunk = now
-        info.complete = rid.endswith(MARK + "-final")
+        info.complete = is_final(rid)
 
     # ---- snapshot ---------------------------------------------------------------------------
 

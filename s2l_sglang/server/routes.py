@@ -3,7 +3,8 @@
     POST /stream/open     {"stream_id"?, "sampling_params"?, "text"? | "input_ids"?} -> status
     POST /stream/append   {"stream_id", "text" | "input_ids"}                        -> status
     POST /stream/update   {"stream_id", "text" | "documents": [str, ...] | "input_ids"} -> status
-    POST /stream/finish   {"stream_id", "text"? | "input_ids"?, "sampling_params"?, "stream"?}
+    POST /stream/finish   {"stream_id", "text"? | "input_ids"?, "sampling_params"?, "stream"?,
+                           "keep_open"?: false}
                           -> server-sent events in /generate's format (data: {...} ... [DONE]),
                              or one JSON object with "stream": false
     POST /stream/abort    {"stream_id"}
@@ -145,7 +146,8 @@ async def _dispatch(op: str, body: dict) -> Any:
     if op == "finish":
         text = _field(body, "text", str, required=False, default="")
         params = _field(body, "sampling_params", dict, required=False)
-        return await mgr.finish(sid, text, params, _input_ids(body))
+        keep_open = _field(body, "keep_open", bool, required=False, default=False)
+        return await mgr.finish(sid, text, params, _input_ids(body), keep_open)
     if op == "abort":
         await mgr.abort(sid)
         return {"stream_id": sid, "aborted": True}

@@ -136,9 +136,14 @@ class StreamEngine:
         text: str = "",
         sampling_params: dict | None = None,
         input_ids: list[int] | None = None,
+        keep_open: bool = False,
     ) -> dict:
-        """Finish the stream and return its final output (`meta_info["stream"]` has TTFT)."""
-        return self._call(self._collect(self.streams.finish(sid, text, sampling_params, input_ids)))
+        """Finish the stream and return its final output (`meta_info["stream"]` has TTFT).
+        `keep_open`: the stream stays open with its output in its context (an agent loop:
+        append a tool's result, finish again)."""
+        return self._call(
+            self._collect(self.streams.finish(sid, text, sampling_params, input_ids, keep_open))
+        )
 
     def abort(self, sid: str) -> None:
         self._call(self.streams.abort(sid))
@@ -176,9 +181,10 @@ class StreamEngine:
         text: str = "",
         sampling_params: dict | None = None,
         input_ids: list[int] | None = None,
+        keep_open: bool = False,
     ) -> dict:
         return await self._acall(
-            self._collect(self.streams.finish(sid, text, sampling_params, input_ids))
+            self._collect(self.streams.finish(sid, text, sampling_params, input_ids, keep_open))
         )
 
     async def async_abort(self, sid: str) -> None:

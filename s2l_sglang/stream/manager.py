@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from s2l_sglang.config import StreamConfig
-from s2l_sglang.rid import final_rid, turn_rid
+from s2l_sglang.rid import final_rid, is_final, turn_rid
 from s2l_sglang.stream.errors import (
     ContextTooLong,
     DuplicateStream,
@@ -65,9 +65,13 @@ class Stream:
     sid: str
     sampling_params: dict[str, Any]
     opened_at: float
-    text: str = ""  # the context, for a stream of text chunks
-    ids: list[int] = field(default_factory=list)  # its token ids (SGLang's tokenization of text)
+    text: str = ""  # the context after `history`, for a stream of text chunks
+    ids: list[int] = field(default_factory=list)  # history + the ids of the chunks since
     kind: str | None = None  # "text" or "ids": set by the first chunk, never mixed
+    #: after a finish that kept the stream open: its whole prompt and output, fixed. Later
+    #: chunks go after it, and an update replaces only what came after it.
+    history: list[int] = field(default_factory=list)
+    generations: int = 0  # generating turns so far
     held: list[int] = field(default_factory=list)
     last_chunk_at: float = 0.0
     last_activity: float = 0.0
@@ -158,9 +162,9 @@ class StreamManager:
             raise EmptyChunk("empty chunk: update needs the refined context", sid)
         self._set_kind(stream, kind)
         if kind == "ids":
-            await self._set_context(stream, list(chunk))
+            await self._set_context(stream, stream.history + list(chunk))
         else:
-            await self._set_context(stream, self._tokenize(chunk), text=chunk)
+            await self._set_context(stream, self._tokenize_context(stream, chunk), text=chunk)
         return self.status(sid)
 
     async def finish(
@@ -169,20 +173,28 @@ class StreamManager:
         text: str = "",
         sampling_params: dict[str, Any] | None = None,
         input_ids: list[int] | None = None,
+        keep_open: bool = False,
     ) -> AsyncIterator[dict]:
         """Close the context (with an optional last chunk, text or `input_ids`) and stream the
         output.
 
         Yields SGLang's output dicts under the stream id; the last one's `meta_info["stream"]`
         holds `ttft_s` (finish to first output token), `unprefilled_at_finish` and the counters.
+        With `keep_open`, the stream stays open after the output: the prompt and the generated
+        tokens become its fixed history (their KV stays held), the next chunks (a tool's
+        result, say) go after them, and the next finish generates again (an agent loop).
         """
         stream = self._live(sid)
         kind, chunk = self._chunk(sid, text, input_ids)
         t_finish = time.perf_counter()
         if chunk:
             await self._extend(stream, kind, chunk, start_pump=False)
+        if stream.history and len(stream.ids) == len(stream.history):
+            raise EmptyChunk(
+                "after a generating turn, finish needs new input (a tool result, a question)", sid
+            )
         stream.finishing = True
-        return self._generate(stream, t_finish, sampling_params)
+        return self._generate(stream, t_finish, sampling_params, keep_open)
 
     async def abort(self, sid: str, reason: str = "aborted by client") -> None:
         """Abort a stream: the turn in flight is aborted and the session's KV freed."""
@@ -219,6 +231,7 @@ class StreamManager:
             "stream_id": sid,
             "context_tokens": len(stream.ids),
             "held_tokens": len(stream.held),
+            "history_tokens": len(stream.history),
             "complete": stream.complete,
             **stream.counters.as_dict(),
         }
@@ -284,7 +297,8 @@ class StreamManager:
             await self._set_context(stream, stream.ids + list(chunk), start_pump=start_pump)
         else:
             text = stream.text + chunk
-            await self._set_context(stream, self._tokenize(text), text=text, start_pump=start_pump)
+            ids = self._tokenize_context(stream, text)
+            await self._set_context(stream, ids, text=text, start_pump=start_pump)
 
     async def _set_context(
         self, stream: Stream, ids: list[int], text: str = "", start_pump: bool = True
@@ -302,6 +316,14 @@ class StreamManager:
         stream.last_chunk_at = time.monotonic()
         if start_pump and (stream.pump is None or stream.pump.done()):
             stream.pump = asyncio.ensure_future(self._pump(stream))
+
+    def _tokenize_context(self, stream: Stream, text: str) -> list[int]:
+        """The ids of a text stream's context: `text` alone as SGLang would tokenize it, or,
+        after a generating turn, the history followed by `text`'s own tokens (no special
+        tokens: a BOS belongs at the start of the prompt only)."""
+        if not stream.history:
+            return self._tokenize(text)
+        return stream.history + list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _tokenize(self, text: str) -> list[int]:
         """The ids SGLang gives the same text sent to `/generate`: its tokenizer manager calls
@@ -345,7 +367,7 @@ class StreamManager:
         stream.counters.turns += 1
         out: dict = {}
         try:
-            if self.final_outputs is not None and rid == final_rid(stream.sid):
+            if self.final_outputs is not None and is_final(rid):
                 outputs = self.final_outputs(obj, target)
             else:
                 outputs = self.tm.generate_request(obj, None)
@@ -370,7 +392,7 @@ class StreamManager:
         return out
 
     async def _generate(
-        self, stream: Stream, t_finish: float, sampling_params: dict | None
+        self, stream: Stream, t_finish: float, sampling_params: dict | None, keep_open: bool
     ) -> AsyncIterator[dict]:
         params = dict(stream.sampling_params)
         params.update(sampling_params or {})
@@ -382,6 +404,8 @@ class StreamManager:
             if not stream.ids:
                 raise EmptyChunk("cannot finish a stream with an empty context", stream.sid)
             plan = next_turn(stream.held, stream.ids, self.page_size, need_input=True)
+            if plan.keep < len(stream.history):  # only with page_size > 1
+                raise StreamError("a kept-open stream needs page size 1", stream.sid)
             unprefilled = len(plan.delta)
             queue: asyncio.Queue = asyncio.Queue()
             first: list[float] = []
@@ -392,7 +416,9 @@ class StreamManager:
                 await queue.put(out)
 
             turn = asyncio.ensure_future(
-                self._turn(stream, plan, params, final_rid(stream.sid), sink=sink)
+                self._turn(
+                    stream, plan, params, final_rid(stream.sid, stream.generations), sink=sink
+                )
             )
             last: dict = {}
             while not (turn.done() and queue.empty()):
@@ -404,19 +430,35 @@ class StreamManager:
                         yield last
                 else:
                     getter.cancel()
-            turn.result()  # re-raise a failed final turn
+            final = turn.result()  # re-raise a failed final turn
+            if keep_open:  # before the last output reaches the client, who may go on at once
+                self._keep_open(stream, list(final.get("output_ids") or []))
             last = dict(last)
             last.setdefault("meta_info", {})["stream"] = {
                 "ttft_s": first[0] if first else time.perf_counter() - t_finish,
                 "unprefilled_at_finish": unprefilled,
+                "kept_open": keep_open,
                 **stream.counters.as_dict(),
             }
             yield last
-            await self._close(stream, "finished")
+            if not keep_open:
+                await self._close(stream, "finished")
         except BaseException:
             if not stream.closed:
                 await self._close(stream, "aborted: finish failed")
             raise
+
+    @staticmethod
+    def _keep_open(stream: Stream, output_ids: list[int]) -> None:
+        """After a generating turn of a stream kept open: SGLang's streaming session carries
+        the turn's output into the next turn's prompt, so prompt + output is the new history."""
+        stream.history = stream.held + output_ids
+        stream.held = list(stream.history)
+        stream.ids = list(stream.history)
+        stream.text = ""
+        stream.generations += 1
+        stream.finishing = False
+        stream.last_activity = time.monotonic()
 
     @staticmethod
     def _as_stream_output(stream: Stream, out: dict) -> dict:
