@@ -180,6 +180,24 @@ def _stream_hooks() -> list[tuple[str, Callable, str]]:
     ]
 
 
+_TM_GENERATE = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
+
+
+def _chat_stream_final(original: Callable, self, obj, *args, **kwargs):
+    """AROUND `TokenizerManager.generate_request`: the request SGLang's OpenAI layer builds
+    for a chat stream's finish (`POST /stream/v1/chat/completions`, its rid claimed there)
+    becomes the stream's final turn; every other request goes on unchanged."""
+    from s2l_sglang.server.chat import final_generate_request
+
+    return final_generate_request(original, self, obj, *args, **kwargs)
+
+
+def _chat_hooks() -> list[tuple[str, Callable, str]]:
+    """Registered after the PD hooks, so this one is outermost: a chat finish's request is
+    claimed before any other hook sees it (the final turn it starts goes through them all)."""
+    return [(_TM_GENERATE, _chat_stream_final, "AROUND")]
+
+
 _SDPA_EXTEND = (
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend."
     "_run_sdpa_forward_extend"
@@ -269,6 +287,7 @@ def hooks() -> list[tuple[str, Callable, str]]:
     from s2l_sglang import pd
 
     found = _stream_hooks() + pd.stream_hooks()
+    found += _chat_hooks()
     if _cpu_without_sgl_kernel():
         found += _cpu_hooks() + pd.cpu_hooks()
     return found

@@ -1,6 +1,8 @@
 """Stream routes on SGLang's HTTP server (FastAPI app of `sglang.srt.entrypoints.http_server`).
 
     POST /stream/open     {"stream_id"?, "sampling_params"?, "text"? | "input_ids"?} -> status
+                          or a chat stream: {"stream_id"?, "messages": [...],
+                          "context_message"?: INDEX (default: the last), "text"?}
     POST /stream/append   {"stream_id", "text" | "input_ids"}                        -> status
     POST /stream/update   {"stream_id", "text" | "documents": [str, ...] | "input_ids"} -> status
     POST /stream/finish   {"stream_id", "text"? | "input_ids"?, "sampling_params"?, "stream"?,
@@ -13,6 +15,10 @@
     POST /stream          one connection per stream: newline-delimited JSON commands in a
                           streamed request body ({"op": "open"|"append"|"update"|"finish", ...}),
                           answered by the finish's server-sent events
+    POST /stream/v1/chat/completions
+                          finish a chat stream: an OpenAI chat completion request with
+                          "stream_id" (the `openai` client's extra_body), answered by SGLang's
+                          own chat completion code (server/chat.py)
 
 A stream's chunks are all text or all token ids (`input_ids`); mixing them is a 400.
 Errors: {"error": {"code", "message", "stream_id"}} with a 4xx status. SGLang's `--api-key`
@@ -33,6 +39,7 @@ from fastapi.responses import Response, StreamingResponse
 from s2l_sglang.stream.errors import StreamError
 
 _manager = None
+_app = None  # the FastAPI app the routes are on (its state has SGLang's OpenAI serving)
 
 
 def stream_manager():
@@ -132,6 +139,8 @@ async def _sse(outputs: AsyncIterator[dict], on_disconnect) -> AsyncIterator[byt
 async def _dispatch(op: str, body: dict) -> Any:
     """Run one stream command; returns a status dict, or an async iterator for finish."""
     mgr = stream_manager()
+    if op == "open" and "messages" in body:
+        return await _open_chat(mgr, body)
     if op == "open":
         sid = _field(body, "stream_id", str, required=False) or uuid.uuid4().hex
         params = _field(body, "sampling_params", dict, required=False, default={})
@@ -154,11 +163,36 @@ async def _dispatch(op: str, body: dict) -> Any:
     raise BadRequest(f"unknown op {op!r}", sid)
 
 
+async def _open_chat(mgr: Any, body: dict) -> dict:
+    """Open a chat stream: its messages, the index of the one whose content is streamed."""
+    sid = _field(body, "stream_id", str, required=False) or uuid.uuid4().hex
+    for name in ("sampling_params", "input_ids"):
+        if body.get(name) is not None:
+            raise BadRequest(
+                f"a chat stream takes no {name!r} (sampling parameters come with the chat "
+                "completion request that finishes it; chunks are text)",
+                sid,
+            )
+    messages = _field(body, "messages", list)
+    index = _field(body, "context_message", int, required=False)
+    text = _field(body, "text", str, required=False, default="")
+    if mgr.chat_renderer is None:
+        from s2l_sglang.server.chat import renderer
+
+        serving = getattr(getattr(_app, "state", None), "openai_serving_chat", None)
+        if serving is None:
+            raise BadRequest("this server has no chat serving (no chat template)", sid)
+        mgr.chat_renderer = renderer(serving, mgr._tokenize)
+    return await mgr.open_chat(sid, messages, index, text)
+
+
 def install_routes(app: Any) -> None:
     """Add the stream routes to SGLang's FastAPI `app` (idempotent)."""
+    global _app
     if getattr(app.state, "s2l_routes", False):
         return
     app.state.s2l_routes = True
+    _app = app
 
     async def command(op: str, request: Request):
         try:
@@ -210,6 +244,19 @@ def install_routes(app: Any) -> None:
             return _error_response(exc)
 
     app.add_api_route("/stream/policy", set_policy, methods=["POST"], name="s2l_stream_policy")
+
+    async def chat_completions(request: Request):
+        """Finish a chat stream with an OpenAI chat completion request (server/chat.py)."""
+        from s2l_sglang.server import chat
+
+        return await chat.chat_completions(request, _parse, stream_manager())
+
+    app.add_api_route(
+        "/stream/v1/chat/completions",
+        chat_completions,
+        methods=["POST"],
+        name="s2l_stream_chat_completions",
+    )
     app.add_api_route("/stream/{stream_id}", status, methods=["GET"], name="s2l_stream_status")
 
     async def one_connection(request: Request):

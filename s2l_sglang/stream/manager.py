@@ -21,12 +21,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from s2l_sglang.config import StreamConfig
 from s2l_sglang.rid import final_rid, is_final, turn_rid
+from s2l_sglang.stream.chat import (
+    ChatContext,
+    ChatStreamCall,
+    InvalidMessages,
+    NotAChatStream,
+    chat_context,
+)
 from s2l_sglang.stream.errors import (
     ContextTooLong,
     DuplicateStream,
@@ -81,6 +88,8 @@ class Stream:
     closed: bool = False
     error: StreamError | None = None
     counters: StreamCounters = field(default_factory=StreamCounters)
+    #: a chat stream's messages (`text` is the context message's content); None otherwise
+    chat: ChatContext | None = None
 
     @property
     def complete(self) -> bool:
@@ -112,6 +121,9 @@ class StreamManager:
         # Where final turns run instead of this tokenizer manager: set on a PD prefill
         # instance to `RouterFinal.outputs` (pd/final.py); called as (obj, prompt ids).
         self.final_outputs: Any = None
+        # Chat streams: messages -> prompt ids through SGLang's own chat template (set by the
+        # HTTP server, server/chat.py); synchronous, run off the event loop.
+        self.chat_renderer: Callable[[list[dict]], list[int]] | None = None
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -124,33 +136,50 @@ class StreamManager:
     ) -> dict:
         """Open a stream; `text` (or `input_ids`) is an optional first chunk. Returns the
         stream's status. A stream's chunks are all text or all token ids."""
-        if not isinstance(sid, str) or not sid or "::" in sid:
-            raise StreamError(f"invalid stream id {sid!r}", sid)
+        self._check_new(sid)
         kind, chunk = self._chunk(sid, text, input_ids)
-        if sid in self.streams or sid in self._ended:
-            raise DuplicateStream(f"stream {sid!r} already exists", sid)
-        self._ensure_reaper()
-        from sglang.srt.managers.io_struct import OpenSessionReqInput
-
-        result = await self.tm.open_session(
-            OpenSessionReqInput(capacity_of_str_len=1 << 30, session_id=sid, streaming=True)
-        )
-        if result is None:  # a session of that id is being opened concurrently
-            raise DuplicateStream(f"stream {sid!r} already exists", sid)
-        now = time.monotonic()
-        stream = Stream(sid, dict(sampling_params or {}), now, last_activity=now)
-        self.streams[sid] = stream
+        stream = await self._new_stream(sid, sampling_params)
         if chunk:
             await self._extend(stream, kind, chunk)
         return self.status(sid)
 
+    async def open_chat(
+        self,
+        sid: str,
+        messages: list[dict[str, Any]],
+        context_message: int | None = None,
+        text: str = "",
+    ) -> dict:
+        """Open a chat stream: `messages` (OpenAI chat messages, as dicts), of which the one at
+        `context_message` (default: the last) is the streamed context; its content so far plus
+        `text` is the first chunk. The context is SGLang's chat template applied to the
+        messages; the system and user text before the context message is prefilled at once.
+        Sampling parameters come with the finish (the OpenAI chat completion request)."""
+        self._check_new(sid)
+        self._check_chunk(sid, text)
+        if self.chat_renderer is None:
+            raise ChatStreamCall("chat streams need SGLang's chat serving (the HTTP server)", sid)
+        chat, initial = chat_context(sid, messages, context_message)
+        text = initial + text
+        self._check_chunk(sid, text)
+        # Render once before the stream exists: a template error is the caller's, nothing opens.
+        ids = await self._render(sid, chat, text)
+        stream = await self._new_stream(sid, None)
+        stream.chat, stream.kind = chat, "text"
+        async with chat.lock:
+            await self._set_context(stream, ids, text=text, chunk=bool(text))
+        return self.status(sid)
+
     async def append(self, sid: str, text: str = "", input_ids: list[int] | None = None) -> dict:
         """Add `text` (or `input_ids`) at the end of the stream's context; returns at once
-        (prefill goes on)."""
+        (prefill goes on). On a chat stream the text goes at the end of the context message."""
         stream = self._live(sid)
         kind, chunk = self._chunk(sid, text, input_ids)
         if not chunk:
             raise EmptyChunk("empty chunk: append needs text or input_ids", sid)
+        if stream.chat is not None:
+            await self._set_chat_text(stream, kind, lambda old: old + chunk)
+            return self.status(sid)
         await self._extend(stream, kind, chunk)
         return self.status(sid)
 
@@ -160,6 +189,9 @@ class StreamManager:
         kind, chunk = self._chunk(sid, text, input_ids)
         if not chunk:
             raise EmptyChunk("empty chunk: update needs the refined context", sid)
+        if stream.chat is not None:  # replaces the context message's content
+            await self._set_chat_text(stream, kind, lambda old: chunk)
+            return self.status(sid)
         self._set_kind(stream, kind)
         if kind == "ids":
             await self._set_context(stream, stream.history + list(chunk))
@@ -185,6 +217,12 @@ class StreamManager:
         result, say) go after them, and the next finish generates again (an agent loop).
         """
         stream = self._live(sid)
+        if stream.chat is not None:
+            raise ChatStreamCall(
+                f"stream {sid!r} is a chat stream: finish it with a chat completion request "
+                "(POST /stream/v1/chat/completions)",
+                sid,
+            )
         kind, chunk = self._chunk(sid, text, input_ids)
         t_finish = time.perf_counter()
         if chunk:
@@ -195,6 +233,62 @@ class StreamManager:
             )
         stream.finishing = True
         return self._generate(stream, t_finish, sampling_params, keep_open)
+
+    def reserve_chat_finish(self, sid: str) -> list[dict[str, Any]]:
+        """Start finishing a chat stream: no more chunks. Returns its messages with the context
+        message's content filled in; the final prompt is SGLang's rendering of these plus the
+        finishing request's messages, handed to `finish_chat`. `release_chat_finish` undoes
+        this if the final turn never starts (the finishing request was refused)."""
+        stream = self._live(sid)
+        if stream.chat is None:
+            raise NotAChatStream(
+                f"stream {sid!r} was opened without messages: it is not a chat stream "
+                "(finish it with POST /stream/finish)",
+                sid,
+            )
+        stream.finishing = True  # the pump stops after the turn in flight
+        return stream.chat.filled(stream.text)
+
+    def release_chat_finish(self, sid: str) -> None:
+        """The finish reserved by `reserve_chat_finish` did not start: the stream goes on."""
+        stream = self.streams.get(sid)
+        if stream is not None and not stream.closed and stream.finishing:
+            stream.finishing = False
+            stream.last_activity = time.monotonic()
+            if stream.ids != stream.held and (stream.pump is None or stream.pump.done()):
+                stream.pump = asyncio.ensure_future(self._pump(stream))
+
+    async def finish_chat(
+        self,
+        sid: str,
+        prompt_ids: list[int],
+        base: Any,
+        t_finish: float,
+        keep_open: bool = False,
+    ) -> AsyncIterator[dict]:
+        """The final turn of a chat stream reserved by `reserve_chat_finish`: its context
+        becomes exactly `prompt_ids` (SGLang's rendering of the final messages); only the tokens
+        after the held KV are sent. `base` is SGLang's own `GenerateReqInput` for the final
+        messages (sampling parameters, logprob options, ...): the turn is that request with
+        the delta as its input and the stream's session. Yields as `finish` does."""
+        stream = self.streams.get(sid)
+        if stream is None:
+            self._raise_missing(sid)
+        if stream.error is not None:
+            raise stream.error
+        if stream.chat is None or not stream.finishing:
+            raise StreamError(f"stream {sid!r} has no chat finish reserved", sid)
+        if keep_open:
+            raise ChatStreamCall("keep_open is not supported on a chat stream", sid)
+        if len(prompt_ids) >= self.context_len:
+            await self._close(stream, "context too long")
+            raise ContextTooLong(
+                f"prompt of {len(prompt_ids)} tokens exceeds the model's {self.context_len - 1};"
+                " stream aborted",
+                sid,
+            )
+        stream.ids = list(prompt_ids)
+        return self._generate(stream, t_finish, dict(base.sampling_params or {}), False, base)
 
     async def abort(self, sid: str, reason: str = "aborted by client") -> None:
         """Abort a stream: the turn in flight is aborted and the session's KV freed."""
@@ -237,6 +331,54 @@ class StreamManager:
         }
 
     # ---- internals --------------------------------------------------------------------------
+
+    def _check_new(self, sid: str) -> None:
+        if not isinstance(sid, str) or not sid or "::" in sid:
+            raise StreamError(f"invalid stream id {sid!r}", sid)
+        if sid in self.streams or sid in self._ended:
+            raise DuplicateStream(f"stream {sid!r} already exists", sid)
+
+    async def _new_stream(self, sid: str, sampling_params: dict[str, Any] | None) -> Stream:
+        """Open the stream's streaming session and register the stream."""
+        self._check_new(sid)
+        self._ensure_reaper()
+        from sglang.srt.managers.io_struct import OpenSessionReqInput
+
+        result = await self.tm.open_session(
+            OpenSessionReqInput(capacity_of_str_len=1 << 30, session_id=sid, streaming=True)
+        )
+        if result is None:  # a session of that id is being opened concurrently
+            raise DuplicateStream(f"stream {sid!r} already exists", sid)
+        now = time.monotonic()
+        stream = Stream(sid, dict(sampling_params or {}), now, last_activity=now)
+        self.streams[sid] = stream
+        return stream
+
+    async def _render(self, sid: str, chat: ChatContext, text: str) -> list[int]:
+        """A chat stream's context ids: SGLang's chat template over the messages with the
+        context message's content = `text` (off the event loop: long contexts take a while)."""
+        try:
+            return list(await asyncio.to_thread(self.chat_renderer, chat.filled(text)))
+        except StreamError:
+            raise
+        except (ValueError, TypeError) as exc:  # template and validation errors
+            raise InvalidMessages(
+                f"the chat template cannot render the messages: {exc}", sid
+            ) from exc
+
+    async def _set_chat_text(self, stream: Stream, kind: str, new_text) -> None:
+        """Set a chat stream's context message content to `new_text(old)` and re-render."""
+        if kind != "text":
+            raise ChatStreamCall("a chat stream takes text chunks, not input_ids", stream.sid)
+        async with stream.chat.lock:  # one render at a time: chunks apply in call order
+            if stream.closed or stream.finishing:
+                self._live(stream.sid)  # raises the reason
+            text = new_text(stream.text)
+            self._check_chunk(stream.sid, text)
+            ids = await self._render(stream.sid, stream.chat, text)
+            if stream.closed or stream.finishing:  # finished or aborted meanwhile
+                self._live(stream.sid)
+            await self._set_context(stream, ids, text=text)
 
     def _live(self, sid: str) -> Stream:
         stream = self.streams.get(sid)
@@ -301,7 +443,12 @@ class StreamManager:
             await self._set_context(stream, ids, text=text, start_pump=start_pump)
 
     async def _set_context(
-        self, stream: Stream, ids: list[int], text: str = "", start_pump: bool = True
+        self,
+        stream: Stream,
+        ids: list[int],
+        text: str = "",
+        start_pump: bool = True,
+        chunk: bool = True,
     ) -> None:
         """The stream's context is now `ids` (of `text`, for a text stream); the pump sends it."""
         if len(ids) >= self.context_len:
@@ -312,7 +459,7 @@ class StreamManager:
                 stream.sid,
             )
         stream.text, stream.ids = text, ids
-        stream.counters.chunks += 1
+        stream.counters.chunks += int(chunk)
         stream.last_chunk_at = time.monotonic()
         if start_pump and (stream.pump is None or stream.pump.done()):
             stream.pump = asyncio.ensure_future(self._pump(stream))
@@ -348,20 +495,29 @@ class StreamManager:
             await self._close(stream, f"aborted: {exc}")
 
     async def _turn(
-        self, stream: Stream, plan: Turn, sampling_params: dict, rid: str, sink=None
+        self, stream: Stream, plan: Turn, sampling_params: dict, rid: str, sink=None, base=None
     ) -> dict:
+        """One engine turn. `base`: a `GenerateReqInput` built by SGLang (the OpenAI layer's)
+        to send as this turn instead of a fresh one (its other options are kept)."""
         from sglang.srt.managers.io_struct import GenerateReqInput
 
         session_params: dict[str, Any] = {"id": stream.sid}
         if plan.rollback:
             session_params.update(replace=True, offset=plan.keep)
-        obj = GenerateReqInput(
+        fields = dict(
             input_ids=plan.delta,
             sampling_params=sampling_params,
             rid=rid,
             session_params=session_params,
             stream=sink is not None,
         )
+        if base is None:
+            obj = GenerateReqInput(**fields)
+        else:
+            obj = base
+            for name, value in fields.items():
+                setattr(obj, name, value)
+            obj.text, obj.session_id = None, None
         target = stream.held[: plan.keep] + plan.delta
         stream.inflight_rid = rid
         stream.counters.turns += 1
@@ -392,7 +548,12 @@ class StreamManager:
         return out
 
     async def _generate(
-        self, stream: Stream, t_finish: float, sampling_params: dict | None, keep_open: bool
+        self,
+        stream: Stream,
+        t_finish: float,
+        sampling_params: dict | None,
+        keep_open: bool,
+        base: Any = None,
     ) -> AsyncIterator[dict]:
         params = dict(stream.sampling_params)
         params.update(sampling_params or {})
@@ -417,7 +578,12 @@ class StreamManager:
 
             turn = asyncio.ensure_future(
                 self._turn(
-                    stream, plan, params, final_rid(stream.sid, stream.generations), sink=sink
+                    stream,
+                    plan,
+                    params,
+                    final_rid(stream.sid, stream.generations),
+                    sink=sink,
+                    base=base,
                 )
             )
             last: dict = {}
