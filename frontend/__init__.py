@@ -23,6 +23,8 @@ _EXPORTS = {
     "DuplicateStream": "frontend.errors",
     "EmptyChunk": "frontend.errors",
     "ContextTooLong": "frontend.errors",
+    "MixedInput": "frontend.errors",
+    "InvalidTokenIds": "frontend.errors",
     "BadRequest": "frontend.errors",
     "PayloadTooLarge": "frontend.errors",
     "Unauthorized": "frontend.errors",

@@ -7,7 +7,9 @@ from the program's backend with `stream_ops_for(backend)`:
     sglang.RuntimeEndpoint                -> HTTPStreamOps: the /stream routes of its server
 
 All `StreamOps` calls are synchronous: they run in the program's executor thread (SGLang's
-`StreamExecutor` worker). Errors are `frontend.errors.StreamAPIError`s for both backends.
+`StreamExecutor` worker). Errors are `frontend.errors.StreamAPIError`s for both backends. A
+finish with `keep_open=True` leaves the stream open for the next chunks and finish (an agent
+loop; lang.py).
 """
 
 from __future__ import annotations
@@ -32,8 +34,12 @@ class StreamOps(Protocol):
     def open(self, sid: str, text: str) -> None: ...
     def append(self, sid: str, text: str) -> None: ...
     def update(self, sid: str, text: str) -> None: ...
-    def finish(self, sid: str, text: str, sampling_params: dict) -> dict: ...
-    def finish_iter(self, sid: str, text: str, sampling_params: dict) -> Iterator[dict]: ...
+    def finish(
+        self, sid: str, text: str, sampling_params: dict, keep_open: bool = False
+    ) -> dict: ...
+    def finish_iter(
+        self, sid: str, text: str, sampling_params: dict, keep_open: bool = False
+    ) -> Iterator[dict]: ...
     def abort(self, sid: str) -> None: ...
     def close(self) -> None: ...
 
@@ -143,12 +149,14 @@ class HTTPStreamOps:
     def update(self, sid: str, text: str) -> None:
         self._run(self.client.update(sid, text))
 
-    def finish(self, sid: str, text: str, sampling_params: dict) -> dict:
-        return self._run(self.client.finish(sid, text, sampling_params))
+    def finish(self, sid: str, text: str, sampling_params: dict, keep_open: bool = False) -> dict:
+        return self._run(self.client.finish(sid, text, sampling_params, keep_open=keep_open))
 
-    def finish_iter(self, sid: str, text: str, sampling_params: dict) -> Iterator[dict]:
+    def finish_iter(
+        self, sid: str, text: str, sampling_params: dict, keep_open: bool = False
+    ) -> Iterator[dict]:
         return iterate_on_private_loop(
-            self.loop, self.client.finish_iter(sid, text, sampling_params)
+            self.loop, self.client.finish_iter(sid, text, sampling_params, keep_open=keep_open)
         )
 
     def abort(self, sid: str) -> None:
@@ -186,14 +194,17 @@ class EngineStreamOps:
     def update(self, sid: str, text: str) -> None:
         self._call(self.engine.update, sid, text)
 
-    def finish(self, sid: str, text: str, sampling_params: dict) -> dict:
-        return self._call(self.engine.finish, sid, text, sampling_params)
+    def finish(self, sid: str, text: str, sampling_params: dict, keep_open: bool = False) -> dict:
+        return self._call(self.engine.finish, sid, text, sampling_params, None, keep_open)
 
-    def finish_iter(self, sid: str, text: str, sampling_params: dict) -> Iterator[dict]:
+    def finish_iter(
+        self, sid: str, text: str, sampling_params: dict, keep_open: bool = False
+    ) -> Iterator[dict]:
         from s2l_sglang.stream.errors import StreamError
 
         async def outputs() -> AsyncIterator[dict]:
-            async for out in await self.engine.streams.finish(sid, text, sampling_params):
+            finish = self.engine.streams.finish(sid, text, sampling_params, keep_open=keep_open)
+            async for out in await finish:
                 yield out
 
         try:

@@ -9,7 +9,21 @@
 
 A `Stream` opens on `async with` entry and, unless it was finished, is aborted on exit (its KV
 freed at once rather than at the server's idle timeout). Every refused command raises a typed
-`frontend.errors.StreamAPIError`. `StreamClient.connect` is the one-connection form (POST
+`frontend.errors.StreamAPIError`.
+
+Every chunk is text or, with `input_ids=`, a list of token ids; one stream takes one kind
+(mixing them is `MixedInput`). An agent loop finishes with `keep_open=True`: the stream then
+stays open with its prompt and the generated tokens as a fixed history; later chunks (a tool's
+result) go after them and the next finish generates again without recomputing the history:
+
+    async with client.stream(sampling_params=params, text=question) as stream:
+        first = await stream.finish(keep_open=True)             # the stream stays open
+        await stream.append("\nTool result: " + tool(first["text"]) + "\n")
+        second = await stream.finish("Answer:")                 # generates again, then closes
+
+After a generating turn the server tokenizes later text on its own, after the generated ids; a
+finish with nothing new since the last generation is refused (`EmptyChunk`). A stream whose
+last finish kept it open is aborted on `async with` exit, like an unfinished one. `StreamClient.connect` is the one-connection form (POST
 /stream): the commands go as newline-delimited JSON in one streamed request body.
 """
 
@@ -87,9 +101,11 @@ class StreamClient:
         stream_id: str | None = None,
         sampling_params: dict | None = None,
         text: str = "",
+        input_ids: list[int] | None = None,
     ) -> Stream:
-        """A stream handle; `async with` opens it (with `text` as its first chunk, if any)."""
-        return Stream(self, stream_id, sampling_params, text)
+        """A stream handle; `async with` opens it (with `text` or `input_ids` as its first
+        chunk, if any)."""
+        return Stream(self, stream_id, sampling_params, text, input_ids)
 
     # ---- one call per route -------------------------------------------------------------------
 
@@ -106,35 +122,62 @@ class StreamClient:
             return orjson.loads(raw)
 
     async def open(
-        self, stream_id: str | None = None, sampling_params: dict | None = None, text: str = ""
+        self,
+        stream_id: str | None = None,
+        sampling_params: dict | None = None,
+        text: str = "",
+        input_ids: list[int] | None = None,
     ) -> dict:
-        body: dict[str, Any] = {"text": text}
-        if stream_id is not None:
-            body["stream_id"] = stream_id
+        """Open a stream, with `text` or `input_ids` as an optional first chunk; its status."""
+        body = _chunk_body(stream_id, text, input_ids)
         if sampling_params is not None:
             body["sampling_params"] = sampling_params
         return await self.command("open", body)
 
-    async def append(self, stream_id: str, text: str) -> dict:
-        return await self.command("append", {"stream_id": stream_id, "text": text})
+    async def append(
+        self, stream_id: str, text: str = "", input_ids: list[int] | None = None
+    ) -> dict:
+        """Add a chunk, `text` or `input_ids`, at the end of the context."""
+        return await self.command("append", _chunk_body(stream_id, text, input_ids))
 
-    async def update(self, stream_id: str, text: str | list[str]) -> dict:
-        """Replace the context: a string, or documents the server joins with a blank line."""
-        key = "text" if isinstance(text, str) else "documents"
-        return await self.command("update", {"stream_id": stream_id, key: text})
+    async def update(
+        self, stream_id: str, text: str | list[str] = "", input_ids: list[int] | None = None
+    ) -> dict:
+        """Replace the context (after the history, once a finish kept the stream open): a
+        string, documents the server joins with a blank line, or `input_ids`."""
+        if isinstance(text, str):
+            body = _chunk_body(stream_id, text, input_ids)
+        else:
+            body = {**_chunk_body(stream_id, "", input_ids), "documents": text}
+        return await self.command("update", body)
 
     async def finish(
-        self, stream_id: str, text: str = "", sampling_params: dict | None = None
+        self,
+        stream_id: str,
+        text: str = "",
+        sampling_params: dict | None = None,
+        input_ids: list[int] | None = None,
+        keep_open: bool = False,
     ) -> dict:
-        """Finish the stream and return its final output (one JSON answer, no events)."""
-        body = self._finish_body(stream_id, text, sampling_params, stream=False)
+        """Generate, with an optional last chunk, and return the final output (one JSON answer,
+        no events). `keep_open`: the stream stays open afterwards (an agent loop)."""
+        body = self._finish_body(
+            stream_id, text, sampling_params, input_ids, keep_open, stream=False
+        )
         return await self.command("finish", body)
 
     async def finish_iter(
-        self, stream_id: str, text: str = "", sampling_params: dict | None = None
+        self,
+        stream_id: str,
+        text: str = "",
+        sampling_params: dict | None = None,
+        input_ids: list[int] | None = None,
+        keep_open: bool = False,
     ) -> AsyncIterator[dict]:
-        """Finish the stream and yield its outputs as they stream (the last has TTFT)."""
-        body = self._finish_body(stream_id, text, sampling_params, stream=True)
+        """Like `finish`, yielding the outputs as they stream (the last has TTFT)."""
+        body = self._finish_body(
+            stream_id, text, sampling_params, input_ids, keep_open, stream=True
+        )
         async with self.session.post(
             f"{self.base_url}/stream/finish",
             data=orjson.dumps(body),
@@ -184,9 +227,17 @@ class StreamClient:
 
     @staticmethod
     def _finish_body(
-        stream_id: str, text: str, sampling_params: dict | None, stream: bool
+        stream_id: str,
+        text: str,
+        sampling_params: dict | None,
+        input_ids: list[int] | None,
+        keep_open: bool,
+        stream: bool,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"stream_id": stream_id, "text": text, "stream": stream}
+        body = _chunk_body(stream_id, text, input_ids)
+        body["stream"] = stream
+        if keep_open:
+            body["keep_open"] = True
         if sampling_params is not None:
             body["sampling_params"] = sampling_params
         return body
@@ -202,8 +253,20 @@ class StreamClient:
             yield out
 
 
+def _chunk_body(stream_id: str | None, text: str, input_ids: list[int] | None) -> dict[str, Any]:
+    """A command's body with its chunk: "input_ids" when given (and "text" only if non-empty,
+    so that the server can refuse the mix), else "text"."""
+    body: dict[str, Any] = {} if stream_id is None else {"stream_id": stream_id}
+    if input_ids is None or text:
+        body["text"] = text
+    if input_ids is not None:
+        body["input_ids"] = input_ids
+    return body
+
+
 class Stream:
-    """One stream on the server: opened on `async with` entry, aborted on exit if not finished."""
+    """One stream on the server: opened on `async with` entry, aborted on exit unless its last
+    finish closed it (a finish with `keep_open=True` leaves it open and usable)."""
 
     def __init__(
         self,
@@ -211,13 +274,16 @@ class Stream:
         stream_id: str | None = None,
         sampling_params: dict | None = None,
         text: str = "",
+        input_ids: list[int] | None = None,
     ):
         self.client = client
         self.stream_id = stream_id
         self.sampling_params = sampling_params
         self.first_text = text
+        self.first_ids = input_ids
         self.opened = False
-        self.closed = False  # finished or aborted by this handle
+        self.closed = False  # finished (not kept open) or aborted by this handle
+        self.generations = 0  # finishes that produced an output, kept open or not
 
     async def __aenter__(self) -> Stream:
         await self.open()
@@ -231,30 +297,50 @@ class Stream:
                 pass  # the server already ended it (a failed finish, an idle timeout)
 
     async def open(self) -> dict:
-        status = await self.client.open(self.stream_id, self.sampling_params, self.first_text)
+        status = await self.client.open(
+            self.stream_id, self.sampling_params, self.first_text, self.first_ids
+        )
         self.stream_id = status["stream_id"]
         self.opened = True
         return status
 
-    async def append(self, text: str) -> dict:
-        return await self.client.append(self._sid(), text)
+    async def append(self, text: str = "", input_ids: list[int] | None = None) -> dict:
+        return await self.client.append(self._sid(), text, input_ids)
 
-    async def update(self, text: str | list[str]) -> dict:
-        return await self.client.update(self._sid(), text)
+    async def update(self, text: str | list[str] = "", input_ids: list[int] | None = None) -> dict:
+        return await self.client.update(self._sid(), text, input_ids)
 
-    async def finish(self, text: str = "", sampling_params: dict | None = None) -> dict:
-        """The final output (`meta_info["stream"]` has `ttft_s` and the stream's counters)."""
-        out = await self.client.finish(self._sid(), text, sampling_params)
-        self.closed = True
+    async def finish(
+        self,
+        text: str = "",
+        sampling_params: dict | None = None,
+        input_ids: list[int] | None = None,
+        keep_open: bool = False,
+    ) -> dict:
+        """The output (`meta_info["stream"]` has `ttft_s`, `kept_open` and the counters).
+
+        `keep_open`: the stream stays open, its prompt and output a fixed history; append the
+        next input (a tool's result) and finish again."""
+        out = await self.client.finish(self._sid(), text, sampling_params, input_ids, keep_open)
+        self._finished(keep_open)
         return out
 
     async def finish_iter(
-        self, text: str = "", sampling_params: dict | None = None
+        self,
+        text: str = "",
+        sampling_params: dict | None = None,
+        input_ids: list[int] | None = None,
+        keep_open: bool = False,
     ) -> AsyncIterator[dict]:
         """The outputs as they stream; SGLang's cumulative `text`, the last with TTFT."""
-        async for out in self.client.finish_iter(self._sid(), text, sampling_params):
+        outputs = self.client.finish_iter(self._sid(), text, sampling_params, input_ids, keep_open)
+        async for out in outputs:
             yield out
-        self.closed = True
+        self._finished(keep_open)
+
+    def _finished(self, keep_open: bool) -> None:
+        self.generations += 1
+        self.closed = not keep_open
 
     async def abort(self) -> None:
         self.closed = True

@@ -64,6 +64,18 @@ class ContextTooLong(StreamAPIError):
     code, status = "context_too_long", 413
 
 
+class MixedInput(StreamAPIError):
+    """Text and token ids in one stream or one call: a stream takes one kind of chunk."""
+
+    code, status = "mixed_input", 400
+
+
+class InvalidTokenIds(StreamAPIError):
+    """`input_ids` that are not a list of ids in the model's vocabulary."""
+
+    code, status = "invalid_input_ids", 400
+
+
 class BadRequest(StreamAPIError):
     code, status = "bad_request", 400
 
@@ -86,6 +98,8 @@ ERRORS: dict[str, type[StreamAPIError]] = {
         DuplicateStream,
         EmptyChunk,
         ContextTooLong,
+        MixedInput,
+        InvalidTokenIds,
         BadRequest,
         PayloadTooLarge,
         Unauthorized,

@@ -206,3 +206,54 @@ def test_hook_targets_exist_in_sglang():
     for target, fn, kind in hooks():
         assert callable(pkgutil.resolve_name(target)), target
         assert kind == "AROUND" and callable(fn)
+
+
+# ---- agent loops: stream_context(..., keep_open=True) ----------------------------------------
+
+ASK = "\nQuestion: Which tool would you call to find the tower's height?\nAnswer:"
+TOOL = "\nTool result: height(Eiffel Tower) = 330 m.\nQuestion: How tall is the tower?\nAnswer:"
+
+
+@sgl.function
+def agent(s, source, sid):
+    s += "Read the passages, then answer.\n\n"
+    s += stream_context(source, stream_id=sid, keep_open=True)
+    s += ASK
+    s += sgl.gen("call", max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    s += TOOL  # a tool's result: appended after the generated tokens
+    s += sgl.gen("answer", max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("stream_output", [False, True])
+def test_agent_loop_equals_plain_requests_over_the_same_ids(engine, backend, stream_output):
+    sid = new_sid()
+    state = agent.run(
+        source=paced(engine, sid, CHUNKS), sid=sid, backend=backend, stream=stream_output
+    )
+    if stream_output:
+        assert "".join(stream_pieces(state, "answer")) == state["answer"]
+    state.sync()
+    assert state.error() is None, state.error()
+    greedy = {"temperature": 0, "max_new_tokens": MAX_TOKENS, "ignore_eos": True}
+    before = "Read the passages, then answer.\n\n" + "".join(CHUNKS) + ASK
+    prompt1 = engine.tokenizer(before)["input_ids"]  # the stream's text, as SGLang tokenizes it
+    plain1 = engine.generate(input_ids=prompt1, sampling_params=greedy)
+    assert state["call"] == plain1["text"]
+    # the tool's text goes after the generated ids, tokenized on its own (no BOS)
+    prompt2 = (
+        prompt1 + plain1["output_ids"] + engine.tokenizer.encode(TOOL, add_special_tokens=False)
+    )
+    plain2 = engine.generate(input_ids=prompt2, sampling_params=greedy)
+    assert state["answer"] == plain2["text"]
+    assert state.text() == before + plain1["text"] + TOOL + plain2["text"]
+    call, answer = state.get_meta_info("call"), state.get_meta_info("answer")
+    assert call["id"] == answer["id"] == sid
+    assert call["stream"]["kept_open"] is True and answer["stream"]["kept_open"] is True
+    assert answer["prompt_tokens"] == len(prompt2)
+    counters = answer["stream"]
+    # the second generation recomputed nothing held: every turn recomputes at most its last token
+    assert counters["prefilled"] <= len(prompt2) + counters["turns"], counters
+    assert counters["reused"] >= len(prompt1) + len(plain1["output_ids"]) - counters["turns"]
+    with pytest.raises(StreamClosed, match="aborted"):  # the program's end aborted it
+        engine.status(sid)
