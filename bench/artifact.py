@@ -16,6 +16,9 @@ ANN search (update): one CSV per query (`<id>_pipeline_trace.csv`) with columns 
   after its window: event i is at sum(EndTime_us - StartTime_us for rows 0..i) (that is
   EndTime_i - StartTime_0 for contiguous windows) and its content is the pool's documents in
   order, each followed by "\\n".
+
+A malformed file (missing columns, a time that is not a number, a window that ends before it
+starts, JSON that does not parse) raises `bench.traces.TraceFileError` with the file and line.
 """
 
 from __future__ import annotations
@@ -29,9 +32,46 @@ from typing import Any
 
 import orjson
 
-from bench.traces import DEFAULT_TEMPLATE, Trace, TraceEvent
+from bench.traces import DEFAULT_TEMPLATE, Trace, TraceEvent, TraceFileError
 
 _QUERY_FILE = re.compile(r"query_(\d+)\.csv$")
+CRAWLER_COLUMNS = ("type", "query", "content", "startTime", "endTime")
+ANN_COLUMNS = ("StartTime_us", "EndTime_us", "StartIteration", "EndIteration", "PipelinePool")
+CRAWLER_TYPES = ("tavily_search", "page_scrape")
+
+
+def read_csv(file: Path, required: Sequence[str]) -> list[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV file whose header has the `required` columns."""
+    try:
+        with file.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in required if c not in (reader.fieldnames or [])]
+            if missing:
+                raise TraceFileError(file, 1, f"missing column(s) {', '.join(missing)}")
+            rows = []
+            for row in reader:
+                if None in row or any(v is None for v in row.values()):
+                    raise TraceFileError(file, reader.line_num, "wrong number of fields")
+                rows.append((reader.line_num, row))
+            return rows
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise TraceFileError(file, None, f"cannot read: {exc}") from None
+
+
+def number(file: Path, line: int, row: dict[str, str], column: str) -> float:
+    try:
+        return float(row[column])
+    except ValueError:
+        raise TraceFileError(file, line, f"{column} is not a number: {row[column]!r}") from None
+
+
+def read_json(file: Path) -> Any:
+    try:
+        return orjson.loads(Path(file).read_bytes())
+    except OSError as exc:
+        raise TraceFileError(file, None, f"cannot read: {exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise TraceFileError(file, exc.lineno, f"not JSON ({exc.msg})") from None
 
 
 def load_crawler_csv(
@@ -55,8 +95,16 @@ def _query_file_order(path: Path) -> tuple[int, str]:
 
 
 def _crawler_file(file: Path, template: str, workload: str) -> list[Trace]:
-    with file.open(newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    lines = read_csv(file, CRAWLER_COLUMNS)
+    for line, row in lines:
+        if row["type"] not in CRAWLER_TYPES:
+            raise TraceFileError(
+                file, line, f"type must be one of {CRAWLER_TYPES}: {row['type']!r}"
+            )
+        start, end = number(file, line, row, "startTime"), number(file, line, row, "endTime")
+        if end < start:
+            raise TraceFileError(file, line, "endTime is before startTime")
+    rows = [row for _, row in lines]
     # Page rows may leave `query` empty: they belong to the file's (first) searched query.
     file_query = next((r["query"] for r in rows if r.get("query")), "")
     groups: dict[str, list[dict[str, str]]] = {}
@@ -103,7 +151,13 @@ def load_ann_pipeline(
     pattern, or a list of files. Documents missing from the corpus are skipped, as the artifact
     does, and counted in meta["missing_docs"]."""
     csv_path = Path(csv_path)
-    query_map: dict[str, dict[str, Any]] = orjson.loads(Path(query_map_path).read_bytes())
+    query_map: dict[str, dict[str, Any]] = read_json(Path(query_map_path))
+    if not isinstance(query_map, dict) or not all(
+        isinstance(v, dict) and "query" in v and "trace_file" in v for v in query_map.values()
+    ):
+        raise TraceFileError(
+            query_map_path, None, 'expected {"<id>": {"query": ..., "trace_file": ...}, ...}'
+        )
     corpus = _load_corpus(corpus_path)
     traces = []
     for query_id in sorted(query_map, key=_numeric_first):
@@ -135,7 +189,10 @@ def _load_corpus(corpus_path: str | Path | Sequence[str | Path]) -> dict[str, st
         files = [str(p) for p in corpus_path]
     corpus: dict[str, str] = {}
     for file in files:
-        corpus.update(orjson.loads(Path(file).read_bytes()))
+        part = read_json(Path(file))
+        if not isinstance(part, dict):
+            raise TraceFileError(file, None, 'expected a corpus {"<docid>": "<text>", ...}')
+        corpus.update(part)
     return corpus
 
 
@@ -148,16 +205,21 @@ def _ann_file(
     workload: str,
     meta: dict[str, Any],
 ) -> Trace | None:
-    with file.open(newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
+    lines = read_csv(file, ANN_COLUMNS)
+    if not lines:
         return None
     t = 0.0
     events = []
     pools = []
     missing = 0
-    for row in rows:
-        t += (float(row["EndTime_us"]) - float(row["StartTime_us"])) / 1e6
+    for line, row in lines:
+        start, end = number(file, line, row, "StartTime_us"), number(file, line, row, "EndTime_us")
+        if end < start:
+            raise TraceFileError(file, line, "EndTime_us is before StartTime_us")
+        for column in ("StartIteration", "EndIteration"):
+            if not row[column].strip().lstrip("-").isdigit():
+                raise TraceFileError(file, line, f"{column} is not an integer: {row[column]!r}")
+        t += (end - start) / 1e6
         pool = parse_pipeline_pool(row["PipelinePool"])
         pools.append(pool)
         missing += sum(doc not in corpus for doc in pool)
@@ -167,7 +229,7 @@ def _ann_file(
         "source": "stream2llm-artifact",
         "file": file.name,
         "pools": pools,
-        "iterations": [[int(r["StartIteration"]), int(r["EndIteration"])] for r in rows],
+        "iterations": [[int(r["StartIteration"]), int(r["EndIteration"])] for _, r in lines],
         "missing_docs": missing,
         **meta,
     }

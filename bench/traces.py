@@ -51,6 +51,14 @@ DEFAULT_TEMPLATE = (
 _PLACEHOLDER = re.compile(r"\{(context|question)\}")
 
 
+class TraceFileError(ValueError):
+    """A trace file that cannot be read: names the file and, where known, the line."""
+
+    def __init__(self, path: str | Path, line: int | None, message: str):
+        self.path, self.line, self.message = str(path), line, message
+        super().__init__(f"{path}:{line}: {message}" if line else f"{path}: {message}")
+
+
 @dataclass(frozen=True)
 class TraceEvent:
     """One context chunk: at `t` seconds (modelled), `content` arrives in `mode`."""
@@ -175,6 +183,55 @@ def write_traces(path: str | Path, traces: Iterable[Trace]) -> int:
 
 
 def read_traces(path: str | Path) -> list[Trace]:
-    """Read a JSON-lines trace file, plain or .xz / .gz (blank lines are skipped)."""
-    with _open(Path(path), "rb") as f:
-        return [Trace.from_dict(orjson.loads(line)) for line in f if line.strip()]
+    """Read a JSON-lines trace file, plain or .xz / .gz (blank lines are skipped).
+
+    A malformed line, or a trace id seen before, raises `TraceFileError` naming the file and
+    the line."""
+    path = Path(path)
+    traces, seen = [], set()
+    try:
+        with _open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    trace = _parse_line(path, lineno, line)
+                    if trace.id in seen:
+                        raise TraceFileError(path, lineno, f"duplicate trace id {trace.id!r}")
+                    seen.add(trace.id)
+                    traces.append(trace)
+    except (OSError, EOFError, lzma.LZMAError) as exc:
+        raise TraceFileError(path, None, f"cannot read: {exc}") from None
+    return traces
+
+
+_FIELDS = {"id": (str, int), "workload": str, "mode": str, "question": str, "template": str}
+_EVENT_FIELDS = {"t": (int, float), "mode": str, "content": str}
+
+
+def _parse_line(path: Path, lineno: int, line: bytes) -> Trace:
+    def fail(message: str) -> TraceFileError:
+        return TraceFileError(path, lineno, message)
+
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise fail(f"not JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise fail("expected a JSON object (one trace per line)")
+    for name, kind in _FIELDS.items():
+        if name not in obj:
+            raise fail(f"missing field {name!r}")
+        if not isinstance(obj[name], kind):
+            raise fail(f"field {name!r} has the wrong type ({type(obj[name]).__name__})")
+    events = obj.get("events")
+    if not isinstance(events, list):
+        raise fail("field 'events' must be a list")
+    for i, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise fail(f"event {i} is not an object")
+        for name, kind in _EVENT_FIELDS.items():
+            if not isinstance(event.get(name), kind) or isinstance(event.get(name), bool):
+                raise fail(f"event {i}: field {name!r} missing or of the wrong type")
+    try:
+        return Trace.from_dict(obj)
+    except (ValueError, TypeError) as exc:
+        raise fail(str(exc)) from None
