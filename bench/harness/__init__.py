@@ -2,19 +2,27 @@
 
 Layers, lowest first (a module imports only modules above it in this list):
 
-    presets   registry: cpu-quick, memory-pressure, gpu, gpu-memory-pressure (frozen configs)
-    queries   traces -> `Query` (token budget, scaled timeline, prompt head / chunks / tail)
+    paper     the paper's hardware rate (an estimate), workload sizes, headline rows, the
+              mapping of its rates onto this machine at equal utilization
+    presets   registry: cpu-quick, cpu-full, paper-regime, memory-pressure, gpu, ... (frozen)
+    budget    how long a CPU preset takes, estimated before it runs
+    stats     samples a percentile needs; paired bootstrap intervals of percentile speedups
+    queries   trace files -> `Query` (token budget, scaled timeline, prompt head / chunks / tail)
     arrivals  seeded Poisson start offsets
     record    `QueryRecord` (one query's times and token counts), `Timeline` (the replay clock)
     backends  where requests go: the in-process `StreamEngine` or a running `s2l serve`
     modes     registry: wait, warming, sessions (SGLang's own), stream (ours, per policy)
-    replay    one mode x workload x rate; the per-query TTFT lower bound
-    metrics   percentiles (failures = +inf), CCDF, per-run summary, comparison with `wait`
-    plots     TTFT CCDF and p95 TTFT against rate (PNG, matplotlib Agg)
+    replay    one mode x workload x rate; the per-query TTFT lower bound; the speed probe
+    metrics   percentiles (failures = +inf), CCDF, per-replay summary, bound faults
+    schedule  the run's order: interleaved blocks of replays, one engine or one per policy,
+              where the bound samples go, drift flags
+    execute   one engine's replays in order (policy switch, probe, bound samples, replay)
+    aggregate per-replay comparisons, pooled comparisons with intervals, utilization
+    plots     TTFT CCDF, p95 TTFT against rate, speedup against utilization, per-chunk cost
     report    results.json, results.md
     machine   CPUs, GPU, load and CPU pressure, versions, commit
-    runner    engine starts, all replays, the result dict
+    runner    the engine, the queries, the paper calibration, all replays, the result dict
 
-The command line is `s2l_sglang/cli_bench.py` (`s2l bench`); results of the committed runs and
-how to read them: `bench/results/README.md`.
+The command line is `bench/cli.py` (`s2l bench`, `python -m bench.cli`); how to run and read a
+benchmark: `bench/README.md`; the committed results: `bench/results/README.md`.
 """

@@ -3,12 +3,14 @@
 Both backends offer the same async calls, each made on the loop the replay runs on (`run`):
 plain SGLang requests (`generate`, optionally a turn of an SGLang session), SGLang sessions,
 our streams, cache flushes and the scheduler's counters. Outputs are SGLang's output dicts.
+`switch_policy` (sync, from the caller's thread) changes the scheduler's stream policy at run
+time where the engine or server can (`can_switch_policy`).
 
 - `EngineBackend`: a `StreamEngine`; the replay runs on the engine's own event loop, where
   SGLang's tokenizer manager and our `StreamManager` live (no HTTP, no extra thread hops).
 - `HttpBackend`: `s2l serve` (SGLang's /generate, /open_session, /close_session, /flush_cache,
-  /abort_request, /get_server_info, and our /stream routes through `frontend.client`), or the
-  router of `s2l serve --pd` (streams on its prefill instance).
+  /abort_request, /server_info, /stream/policy, and our /stream routes through
+  `frontend.client`), or the router of `s2l serve --pd` (streams on its prefill instance).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class Backend(Protocol):
     async def stream_abort(self, sid: str) -> None: ...
     async def flush(self) -> bool: ...
     async def sched_counters(self) -> dict | None: ...
+    def can_switch_policy(self) -> bool: ...
+    def switch_policy(self, name: str) -> None: ...
 
 
 async def _retry_flush(flush_once: Callable[[], Awaitable[bool]], timeout: float) -> bool:
@@ -132,6 +136,13 @@ class EngineBackend:
         states = await self.tm.get_internal_state()
         return sched_counters_from(states)
 
+    def can_switch_policy(self) -> bool:
+        return hasattr(self.engine, "set_stream_policy")
+
+    def switch_policy(self, name: str) -> None:
+        """Set the scheduler's stream policy; returns once the scheduler reports it."""
+        self.engine.set_stream_policy(name)
+
 
 class HttpBackend:
     """A running `s2l serve` at `url` (the tokenizer must be the server model's)."""
@@ -146,6 +157,7 @@ class HttpBackend:
         self.loop = asyncio.new_event_loop()
         self._session = None
         self._client = None
+        self._can_switch: bool | None = None
 
     def run(self, coro: Awaitable[T]) -> T:
         return self.loop.run_until_complete(coro)
@@ -278,10 +290,30 @@ class HttpBackend:
         return await _retry_flush(once, timeout)
 
     async def sched_counters(self) -> dict | None:
+        """From SGLang's /server_info: its `internal_states` list holds one dict per scheduler
+        (data-parallel rank), the plugin's counters under `s2l_sched`."""
         import orjson
 
-        async with self.session.get(self.url + "/get_server_info", headers=self.headers) as resp:
+        async with self.session.get(self.url + "/server_info", headers=self.headers) as resp:
             if resp.status != 200:
                 return None
             info = orjson.loads(await resp.read())
         return sched_counters_from(info.get("internal_states"))
+
+    def can_switch_policy(self) -> bool:
+        """Whether the server has `POST /stream/policy` (asked once, by switching to the
+        policy it already has)."""
+        if self._can_switch is None:
+            counters = self.run(self.sched_counters()) or {}
+            current = counters.get("policy")
+            if current is None:
+                self._can_switch = False
+            else:
+                status, _ = self.run(self._post("/stream/policy", {"policy": current}))
+                self._can_switch = status == 200
+        return self._can_switch
+
+    def switch_policy(self, name: str) -> None:
+        status, answer = self.run(self._post("/stream/policy", {"policy": name}))
+        if status != 200:
+            raise RuntimeError(f"/stream/policy {name!r}: HTTP {status}: {answer}")

@@ -13,8 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from bench.harness.record import QueryRecord
+from bench.harness.stats import enough
 
 QUANTILES = (50, 95, 99)
+KEYS = tuple(f"p{q}" for q in QUANTILES)
+FAULT_RATIO = 0.95
 
 
 def percentile(values: Iterable[float], q: float) -> float:
@@ -33,9 +36,32 @@ def percentile(values: Iterable[float], q: float) -> float:
     return float(x[lo] + (x[hi] - x[lo]) * frac)
 
 
-def percentiles(values: Iterable[float], qs: Sequence[float] = QUANTILES) -> dict[str, float]:
+def percentiles(
+    values: Iterable[float], qs: Sequence[float] = QUANTILES
+) -> dict[str, float | None]:
+    """{"p50": ..., "p95": ..., "p99": ...}; None where there are too few values for it."""
     vals = list(values)
-    return {f"p{q:g}": percentile(vals, q) for q in qs}
+    return {f"p{q:g}": percentile(vals, q) if enough(f"p{q:g}", len(vals)) else None for q in qs}
+
+
+def bound_ratios(
+    records: Sequence[QueryRecord], bounds: Mapping[str, float]
+) -> tuple[list[float], list[str]]:
+    """(TTFT / bound of each query with a bound, ids of the measurement faults).
+
+    A fault is a TTFT under FAULT_RATIO x its bound: the bound did not bound it, so one of
+    the two measurements is wrong; faults are left out of the ratios."""
+    ratios, faults = [], []
+    for r in records:
+        bound = bounds.get(r.query, 0.0)
+        if not bound or not math.isfinite(bound):
+            continue
+        ratio = r.ttft / bound
+        if ratio < FAULT_RATIO:
+            faults.append(r.query)
+        else:
+            ratios.append(ratio)
+    return ratios, faults
 
 
 def ccdf(values: Iterable[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -64,12 +90,13 @@ def summarize(records: Sequence[QueryRecord], bounds: Mapping[str, float] | None
         "queries": n,
         "failed": n - len(ok),
         "errors": sorted({r.error for r in records if r.error})[:5],
-        "ttft_s": {**percentiles(ttft), "mean": _finite_mean(ttft)},
+        "ttft_s": {**percentiles(ttft), "mean": _finite_mean(ttft), "n": n},
         "e2e_s": {**percentiles(r.e2e for r in records), "mean": _finite_mean([r.e2e for r in ok])},
     }
     if bounds:
-        ratio = [r.ttft / bounds[r.query] for r in records if bounds.get(r.query, 0) > 0]
-        summary["ttft_over_bound"] = percentiles(ratio)
+        ratios, faults = bound_ratios(records, bounds)
+        summary["ttft_over_bound"] = {**percentiles(ratios), "n": len(ratios)}
+        summary["bound_faults"] = faults
     if n and len(ok) == n and all(r.done_at is not None for r in records):
         completion = max(r.done_at for r in records) - min(r.start for r in records)
     else:
@@ -105,21 +132,34 @@ def versus(summary: dict, baseline: dict) -> dict:
     `completion_ratio`: this completion time / the baseline's (1.02: 2% slower).
     """
     return {
-        "ttft_speedup": {
-            k: ratio(baseline["ttft_s"][k], summary["ttft_s"][k]) for k in percentiles([0.0])
-        },
+        "ttft_speedup": {k: ratio(baseline["ttft_s"][k], summary["ttft_s"][k]) for k in KEYS},
         "completion_ratio": ratio(summary["completion_s"], baseline["completion_s"]),
     }
 
 
 def sorted_runs(runs: list[dict]) -> list[dict]:
-    """Runs by workload (first-seen order), rate, then mode (first-seen order): the engines'
-    interleaving undone."""
+    """Runs by workload (first-seen order), rate, mode (`MODE_ORDER`, then first-seen order)
+    and repeat: the interleaving undone."""
     workloads = list(dict.fromkeys(r["workload"] for r in runs))
-    modes = list(dict.fromkeys(r["mode"] for r in runs))
+    modes = sorted(dict.fromkeys(r["mode"] for r in runs), key=mode_rank)
     return sorted(
-        runs, key=lambda r: (workloads.index(r["workload"]), r["rate"], modes.index(r["mode"]))
+        runs,
+        key=lambda r: (
+            workloads.index(r["workload"]),
+            r["rate"],
+            modes.index(r["mode"]),
+            r.get("repeat", 0),
+        ),
     )
+
+
+MODE_ORDER = ("wait", "warming", "sessions", "stream")
+
+
+def mode_rank(label: str) -> int:
+    """Where a mode label sorts: wait, warming, sessions, stream-*, then others."""
+    base = label.split("-")[0]
+    return MODE_ORDER.index(base) if base in MODE_ORDER else len(MODE_ORDER)
 
 
 def groups(runs: list[dict]) -> dict[tuple[str, float], list[dict]]:

@@ -1,16 +1,18 @@
 """Benchmark presets: a registry of frozen configurations (`s2l bench --preset NAME`).
 
-- `cpu-quick`: the embedded model on a CPU, both workloads, 6 queries each, contexts cut to
-  1,000 tokens, chunk delays x2, one rate, policies `default` and `fcfs`; meant to fit in 10
-  minutes on 2 quiet cores, engine starts included.
-- `memory-pressure`: the embedded model on a CPU with a KV pool smaller than what the
-  concurrent streams hold, chunk delays x10 (as the paper's memory-pressure runs), all four
-  policies: does naive streaming (SGLang sessions: pinned KV) fall behind non-streaming at P99,
-  and do our streams, whose idle KV the scheduler preempts under pressure, recover?
-- `gpu`: an 8B model on one H100/H200, the whole trace sets, the paper's rates, all policies.
-- `gpu-memory-pressure`: the 8B model with a small KV pool and chunk delays x10.
+- `cpu-quick`: a smoke run (under 10 minutes on 2 cores): 6 queries per workload, one rate.
+  Too few queries for tails: its report prints p50 only.
+- `cpu-full`: tails on a CPU: 100 queries per workload at two rates each; about 55 minutes.
+- `paper-regime`: the paper's shapes and load on this machine: whole traces (up to 6,000 tokens),
+  the timeline stretched by the paper's prefill rate / ours, the paper's rates mapped at equal
+  utilization (`bench.harness.paper`); about an hour.
+- `memory-pressure`: a KV pool smaller than what the concurrent streams hold, chunk delays x10.
+- `gpu`, `gpu-memory-pressure`: an 8B model on one H100/H200.
 
-Command-line options override any field (`cli_bench`); `dataclasses.replace` does the rest.
+CPU presets run bfloat16 (`dtype` in `engine_kwargs`): how a model is served, and 3x faster than
+float32 on this CPU; float32 only matters where a run checks output identity (`s2l demo`, tests).
+Modes and policies of one run are interleaved (`bench.harness.schedule`). Command-line options
+override any field (`bench.cli`); `dataclasses.replace` does the rest.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench.harness.paper import PaperRegime
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD_FILES = {
@@ -32,12 +36,14 @@ LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 @dataclass(frozen=True)
 class WorkloadSpec:
     name: str
-    rates: tuple[float, ...]  # Poisson arrival rates, queries per second
+    rates: tuple[float, ...]  # Poisson arrival rates, QPS (the paper's QPS under `Preset.paper`)
     queries: int | None = None  # traces drawn (seeded); None: all
+    file: str | None = None  # a trace file or folder (`bench.tracefiles`); None: the shipped set
+    modes: tuple[str, ...] | None = None  # None: the preset's modes
 
     @property
     def path(self) -> Path:
-        return REPO_ROOT / WORKLOAD_FILES[self.name]
+        return Path(self.file) if self.file else REPO_ROOT / WORKLOAD_FILES[self.name]
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class Preset:
     name: str
     description: str
     workloads: tuple[WorkloadSpec, ...]
-    policies: tuple[str, ...] = ALL_POLICIES  # one engine start each (stream mode)
+    policies: tuple[str, ...] = ALL_POLICIES  # of the `stream` mode
     modes: tuple[str, ...] = ALL_MODES
     model_path: str | None = None  # None: the embedded SmolLM2-135M
     max_context_tokens: int | None = None  # context budget per query (None: whole traces)
@@ -55,8 +61,20 @@ class Preset:
     seed: int = 0
     drain_timeout_s: float = 180.0  # a query not done this long after the last final chunk fails
     lower_bound: bool = True
+    bound_repeats: int = 3  # samples per query of the lower bound (its minimum is the bound)
+    repeats: int = 1  # replays of every (workload, rate, mode), interleaved
+    probe_tokens: int | None = None  # speed probe size (None: max_context_tokens or 1000)
+    drift_margin: float = 0.25  # a replay whose probe strays more from the median is flagged
+    paper: PaperRegime | None = None  # set: rates are the paper's QPS, mapped at run time
     budget_s: float | None = None  # the wall time the preset is meant to fit (documentation)
     notes: str = ""
+
+    def workload_modes(self, workload: WorkloadSpec) -> tuple[str, ...]:
+        return self.modes if workload.modes is None else workload.modes
+
+    @property
+    def probe_size(self) -> int:
+        return self.probe_tokens or self.max_context_tokens or 1000
 
 
 _PRESETS: dict[str, Preset] = {}
@@ -81,20 +99,21 @@ def get_preset(name: str) -> Preset:
 
 # On a CPU with torch-native attention, one batched prefill of several long prompts is slower per
 # token than the same prompts in 512-token chunks; every mode runs on the same engine settings.
-CPU_ENGINE = {"chunked_prefill_size": 512}
+CPU_ENGINE = {"chunked_prefill_size": 512, "dtype": "bfloat16"}
 
 register_preset(
     Preset(
         name="cpu-quick",
-        description="embedded model on a CPU: both workloads, 6 queries each at 0.3 QPS, "
-        "contexts cut to 1,000 tokens, chunk delays x2, policies default and fcfs",
+        description="smoke run (too few queries for tails: p50 only): embedded model on a CPU, "
+        "both workloads, 6 queries each at 0.5 QPS, contexts cut to 1,000 tokens, chunk delays "
+        "x2, policies default and fcfs",
         workloads=(
-            WorkloadSpec("crawler", rates=(0.3,), queries=6),
-            WorkloadSpec("ann", rates=(0.3,), queries=6),
+            WorkloadSpec("crawler", rates=(0.5,), queries=6),
+            WorkloadSpec("ann", rates=(0.5,), queries=6),
         ),
         policies=("default", "fcfs"),
         max_context_tokens=1000,
-        # The embedded model prefills ~500-1,000 tokens/s on 2 cores, ~50x slower than the
+        # The embedded model prefills ~1,100 tokens/s (bfloat16, 2 cores), ~45x slower than the
         # paper's GPU: with the traces' own delays (crawler gaps ~0.7 s) a page's prefill
         # outlasts the gap to the next page and no mode can overlap anything. x2 brings the
         # ratio of prefill time to chunk gaps closer to the paper's setting.
@@ -102,7 +121,58 @@ register_preset(
         engine_kwargs={**CPU_ENGINE, "max_total_tokens": 32768},
         drain_timeout_s=90.0,
         budget_s=600.0,
-        notes="2 engine starts, 12 lower-bound measurements, 9 replays of 30-50 s each.",
+        notes="1 engine start; 9 interleaved replays of 20-30 s; 36 bound samples.",
+    )
+)
+
+register_preset(
+    Preset(
+        name="cpu-full",
+        description="tails on a CPU: embedded model, 100 queries per workload (crawler at 0.4 "
+        "and 0.8 QPS, ANN at 0.3 and 0.6 QPS), contexts cut to 1,000 tokens, chunk delays x2, "
+        "policy fcfs; crawler also warming and sessions",
+        workloads=(
+            WorkloadSpec("crawler", rates=(0.4, 0.8), queries=100),
+            WorkloadSpec("ann", rates=(0.3, 0.6), queries=100, modes=("wait", "stream")),
+        ),
+        policies=("fcfs",),
+        max_context_tokens=1000,
+        delay_scale=2.0,
+        engine_kwargs={**CPU_ENGINE, "max_total_tokens": 65536},
+        drain_timeout_s=120.0,
+        budget_s=3600.0,
+        notes="About 55 minutes on 2 quiet cores (bench.harness.budget: 12 replays of 2-6 "
+        "minutes, 600 bound samples, 1 engine start). ANN leaves out warming, which resends "
+        "every refined context and saturates the engine at these rates.",
+    )
+)
+
+register_preset(
+    Preset(
+        name="paper-regime",
+        description="the paper's regime: whole traces (up to 6,000 tokens), the timeline "
+        "stretched by the paper's prefill rate / this machine's, crawler at the paper's 4 QPS "
+        "and ANN at 2 QPS mapped at equal server utilization, 20 queries each, wait vs fcfs",
+        workloads=(
+            WorkloadSpec("crawler", rates=(4.0,), queries=20),
+            WorkloadSpec("ann", rates=(2.0,), queries=20),
+        ),
+        policies=("fcfs",),
+        modes=("wait", "stream"),
+        max_context_tokens=None,
+        engine_kwargs={**CPU_ENGINE, "max_total_tokens": 131072},
+        drain_timeout_s=600.0,
+        # A bound sample here is nearly a whole prefill (~9 s at 5,600 tokens; for ANN the final
+        # context replaces the cached one): 3 per query would add ~20 minutes. --lower-bound.
+        lower_bound=False,
+        paper=PaperRegime(),
+        budget_s=3600.0,
+        notes="Paper prefill rate: an estimate (bench.harness.paper: H200 dense BF16 x 40% MFU "
+        "x 2 GPUs / 16 GFLOP per token = 49,300 tokens/s); the local rate is the speed probe at "
+        "the start, on prompts of the queries' mean length. Rates are the paper's QPS "
+        "(every crawler row: --workloads crawler --rates 0.5,1,2,4, about 3.4 hours). About "
+        "55 minutes at ~650 tokens/s: "
+        "each replay lasts the stretched collection time (crawler ~11 min, ANN ~6 min).",
     )
 )
 
@@ -119,8 +189,10 @@ register_preset(
         delay_scale=10.0,
         engine_kwargs={**CPU_ENGINE, "max_total_tokens": 3072},
         drain_timeout_s=120.0,
+        repeats=2,
         budget_s=2400.0,
-        notes="4 engine starts; replays last about two minutes each (delays x10).",
+        notes="1 engine start; 26 interleaved replays (2 repeats) of one to two minutes each "
+        "(delays x10).",
     )
 )
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from bench.traces import Mode, Trace, read_traces
+from bench.tracefiles import read_any
+from bench.traces import Mode, Trace
 
 Encode = Callable[[str], list[int]]
 Decode = Callable[[list[int]], str]
@@ -132,6 +133,11 @@ def build_query(
     return Query(trace.id, trace.workload, trace.mode, head, tail, chunks)
 
 
+def scaled(query: Query, factor: float) -> Query:
+    """The same query with every chunk time multiplied by `factor` (a stretched timeline)."""
+    return replace(query, chunks=tuple(Chunk(c.t * factor, c.text) for c in query.chunks))
+
+
 def select(traces: Sequence[Trace], n: int | None, seed: int) -> list[Trace]:
     """`n` traces drawn without replacement (seeded), in file order; all of them if n is None."""
     if n is None or n >= len(traces):
@@ -149,6 +155,7 @@ def load_queries(
     decode: Decode,
     delay_scale: float = 1.0,
 ) -> list[Query]:
-    """Read a trace file, select `n` traces and build their queries."""
-    traces = select(read_traces(path), n, seed)
+    """Read a trace file (any format `bench.tracefiles` reads), select `n` traces and build
+    their queries."""
+    traces = select(read_any(path), n, seed)
     return [build_query(t, budget, encode, decode, delay_scale) for t in traces]

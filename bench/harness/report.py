@@ -1,8 +1,10 @@
-"""Result files of a benchmark: results.json, results.md (tables) and the PNG plots (`plots`).
+"""Result files of a benchmark: results.json, results.md and the PNG plots (`plots`).
 
 `result` is the dict `runner.run_bench` builds: the header (preset, command, machine, date,
-config), `runs` (one per workload x rate x mode, with its `summary`, its comparison with the
-non-streaming run `vs_wait` and its query records) and the lower bounds.
+config, interleaving, speed probe, lower bound, paper calibration), `runs` (one per replay, in
+run order, with its summary, drift flag and query records) and `comparisons` (one per workload x
+rate x mode, pooled over repeats, with bootstrap intervals of the speedups over `wait`).
+The markdown's sections and columns are explained in bench/README.md.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from typing import Any
 
 import orjson
 
-from bench.harness.metrics import groups, sorted_runs
-from bench.harness.plots import plot_ccdf, plot_p95_vs_rate
+from bench.harness.metrics import KEYS, mode_rank
+from bench.harness.plots import plot_ccdf, plot_p95_vs_rate, plot_speedup_vs_utilization
+from bench.harness.stats import BOOTSTRAP_DRAWS, MIN_SAMPLES, enough, too_few
 
 CCDF_PNG = "ttft_ccdf.png"
 P95_PNG = "ttft_p95_vs_rate.png"
+SPEEDUP_PNG = "speedup_vs_utilization.png"
 
 
 def _json_default(obj: Any) -> Any:
@@ -52,15 +56,20 @@ def read_json(path: Path) -> dict:
     return orjson.loads(Path(path).read_bytes())
 
 
-# ---- markdown -------------------------------------------------------------------------------
+# ---- formatting -----------------------------------------------------------------------------
+
+
+def _float(v: float | str | None) -> float | None:
+    if v is None:
+        return None
+    v = float(v)
+    return None if math.isnan(v) else v
 
 
 def fmt_s(v: float | str | None) -> str:
     """Seconds, 3 significant digits; a failure (inf) shows as "fail"."""
+    v = _float(v)
     if v is None:
-        return "-"
-    v = float(v)
-    if math.isnan(v):
         return "-"
     if math.isinf(v):
         return "fail"
@@ -69,14 +78,31 @@ def fmt_s(v: float | str | None) -> str:
 
 def fmt_x(v: float | str | None) -> str:
     """A ratio as "2.31x"."""
+    v = _float(v)
     if v is None:
         return "-"
-    v = float(v)
-    if math.isnan(v):
+    return "inf" if math.isinf(v) else f"{v:.2f}x"
+
+
+def fmt_pct(stats: dict, key: str, fmt=fmt_s) -> str:
+    """A percentile of a {"p50", ..., "n"} dict: `n<20` when it had too few samples."""
+    n = stats.get("n")
+    if n is not None and not enough(key, int(n)):
+        return too_few(key)
+    return fmt(stats.get(key))
+
+
+def fmt_speedup(sp: dict | None) -> str:
+    """ "2.31x [1.90, 2.80]": the speedup and its 95% interval; `n<20` from too few samples."""
+    if not sp:
         return "-"
-    if math.isinf(v):
-        return "inf"
-    return f"{v:.2f}x"
+    if sp.get("insufficient"):
+        return sp["insufficient"]
+    if sp.get("value") is None:
+        return "-"
+    lo, hi = _float(sp.get("lo")), _float(sp.get("hi"))
+    ci = f" [{fmt_x(lo)[:-1]}, {fmt_x(hi)[:-1]}]" if lo is not None and hi is not None else ""
+    return fmt_x(sp["value"]) + ci
 
 
 def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
@@ -86,169 +112,214 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     return lines
 
 
-def _preempted(run: dict) -> str:
-    sched = run.get("sched")
-    if not sched:
-        return "n/a"
-    recompute, swap = sched.get("preemptions_recompute", 0), sched.get("preemptions_swap", 0)
-    if not swap:
-        return str(recompute)
-    return f"{recompute + swap} ({recompute} recompute, {swap} swap)"
-
-
 def _tokens(v: float | None) -> str:
     return "-" if v is None else f"{float(v):.0f}"
 
 
-def run_rows(runs: list[dict]) -> list[list[str]]:
+def _preempted(pre: dict | None) -> str:
+    if not pre:
+        return "n/a"
+    if not pre.get("swap"):
+        return str(pre.get("recompute", 0))
+    return f"{pre['recompute'] + pre['swap']} ({pre['recompute']} recompute, {pre['swap']} swap)"
+
+
+# ---- sections -------------------------------------------------------------------------------
+
+COMPARISON_HEADER = [
+    "mode", "replays", "ok", "TTFT p50 s", "p95 s", "p99 s", "speedup p50 [95% CI]", "p95",
+    "p99", "TTFT/bound p50", "bound faults", "completion vs wait", "left at final chunk (tok)",
+    "prefilled tok", "invalidated tok", "preemptions", "drift-flagged",
+]  # fmt: skip
+
+
+def comparison_rows(entries: list[dict]) -> list[list[str]]:
     rows = []
-    for run in runs:
-        s, vs = run["summary"], run.get("vs_wait") or {}
-        speed = vs.get("ttft_speedup") or {}
-        bound = s.get("ttft_over_bound") or {}
-        tok = s["tokens"]
+    for c in entries:
+        sp, tok = c.get("speedup") or {}, c["tokens_per_replay"]
+        n = c["ttft_s"]["n"]
         rows.append(
             [
-                f"`{run['mode']}`",
-                fmt_s(run.get("probe_s")),
-                f"{s['queries'] - s['failed']}/{s['queries']}",
-                *(fmt_s(s["ttft_s"][k]) for k in ("p50", "p95", "p99")),
-                *(fmt_x(speed.get(k)) for k in ("p50", "p95", "p99")),
-                fmt_x(bound.get("p50")),
-                fmt_x(bound.get("p95")),
-                fmt_s(s["e2e_s"]["p50"]),
-                fmt_s(s["completion_s"]),
-                fmt_x(vs.get("completion_ratio")),
+                f"`{c['mode']}`",
+                str(c["repeats"]),
+                f"{n - c['failed']}/{n}",
+                *(fmt_pct(c["ttft_s"], k) for k in KEYS),
+                *(
+                    "baseline" if c["mode"] == "wait" else fmt_speedup(sp.get(k)) if sp else "-"
+                    for k in KEYS
+                ),
+                fmt_pct(c.get("ttft_over_bound") or {}, "p50", fmt_x),
+                str(c["bound_faults"]),
+                fmt_x(c.get("completion_ratio")),
                 _tokens(tok.get("unprefilled_at_finish_mean")),
-                str(tok["prefilled"]),
-                str(tok["invalidated"]),
-                _preempted(run),
+                _tokens(tok.get("prefilled")),
+                _tokens(tok.get("invalidated")),
+                _preempted(c.get("preemptions")),
+                f"{c['drift_flagged']}/{c['repeats']}",
             ]
         )
     return rows
 
 
-RUN_HEADER = [
-    "mode",
-    "probe s",
-    "ok",
-    "TTFT p50 s",
-    "p95 s",
-    "p99 s",
-    "speedup p50",
-    "p95",
-    "p99",
-    "TTFT/bound p50",
-    "p95",
-    "e2e p50 s",
-    "completion s",
-    "vs wait",
-    "left at final chunk (mean tok)",
-    "prefilled tok",
-    "invalidated tok",
-    "preemptions",
-]
+REPLAY_HEADER = [
+    "#", "workload", "QPS", "mode", "repeat", "policy", "probe s", "probe vs median",
+    "bound samples", "replay s", "ok", "TTFT p50 s", "bound faults",
+]  # fmt: skip
 
 
-def markdown(result: dict, figures: bool = True) -> str:
+def replay_rows(runs: list[dict]) -> list[list[str]]:
+    rows = []
+    for run in sorted(runs, key=lambda r: r.get("order", 0)):
+        s, d = run["summary"], run.get("drift") or {}
+        dev = d.get("deviation")
+        flag = "-" if dev is None else f"{dev:+.0%}" + (" **flagged**" if d.get("flagged") else "")
+        rows.append(
+            [
+                str(run.get("order", "")),
+                run["workload"],
+                f"{run['rate']:.3g}",
+                f"`{run['mode']}`",
+                str(run.get("repeat", 0)),
+                run.get("policy", ""),
+                fmt_s(run.get("probe_s")),
+                flag,
+                str(run.get("bound_samples", 0)),
+                fmt_s(run.get("replay_wall_s")),
+                f"{s['queries'] - s['failed']}/{s['queries']}",
+                fmt_pct(s["ttft_s"], "p50"),
+                str(run.get("bound_faults", 0)),
+            ]
+        )
+    return rows
+
+
+def paper_rows(result: dict) -> list[str]:
+    cal = result.get("paper_regime")
+    if not cal:
+        return []
+    lines = ["## Beside the paper", ""]
+    lines.append(
+        f"Paper hardware: {cal['paper_rate_source']}. This machine: "
+        f"{cal['local_prefill_tok_s']:.0f} tokens/s (speed probe at the start, "
+        f"{cal['probe_tokens']}-token prompts), so every chunk time is x{cal['delay_scale']:.1f}; "
+        "each paper rate maps to the local rate of equal utilization (rate x mean tokens per "
+        "query / prefill rate; paper tokens per query: "
+        + ", ".join(f"{w} {t:,.0f}" for w, t in cal["paper_tokens_per_query"].items())
+        + "; ours: "
+        + ", ".join(f"{w} {t:,.0f}" for w, t in cal["local_tokens_per_query"].items())
+        + ")."
+    )
+    lines.append("")
+    by_key = {(c["workload"], c["rate"], c["mode"]): c for c in result.get("comparisons", [])}
+    rows = []
+    for row in cal.get("rows", []):
+        ours = by_key.get((row["workload"], row["local_qps"], f"stream-{row['policy']}"))
+        sp = ((ours or {}).get("speedup") or {}).get(row["percentile"])
+        value = _float((sp or {}).get("value"))
+        rows.append(
+            [
+                row["workload"],
+                f"{row['qps']:g}",
+                f"{row['util']:.2f}",
+                f"{row['local_qps']:.3g}",
+                row["percentile"].upper(),
+                f"{row['speedup']:.1f}x ({row['policy'].upper()})",
+                fmt_speedup(sp) if ours else "not run",
+                fmt_x(value / row["speedup"]) if value is not None else "-",
+            ]
+        )
+    header = [
+        "workload", "paper QPS", "utilization", "our QPS", "percentile", "paper speedup",
+        "ours [95% CI]", "ours / paper",
+    ]  # fmt: skip
+    lines += _table(header, rows) if rows else ["(no row of the paper at these rates)"]
+    return lines + [""]
+
+
+def _header(result: dict) -> list[str]:
     cfg, machine = result["config"], result["machine"]
     starts = ", ".join(f"{e['policy']} {e['start_s']:.0f} s" for e in result["engines"])
-    lines = [f"# `s2l bench --preset {result['preset']}`", ""]
-    lines += [result.get("description", ""), ""]
-    lines += [
+    probe, inter = result.get("probe") or {}, result.get("interleave") or {}
+    lb = result["lower_bound"]
+    n_runs = len(result["runs"])
+    return [
+        f"# `s2l bench --preset {result['preset']}`",
+        "",
+        result.get("description", ""),
+        "",
         f"- command: `{result['command']}`",
         f"- date: {result['date']}; wall time {result['wall_s']:.0f} s "
         f"(engine starts: {starts or 'none'})",
         f"- machine: {machine['nproc']} CPUs (`nproc`), {machine['cpu_model']}; "
         f"GPU: {machine.get('gpu') or 'none'}; load average at start {machine['load_start']}, "
-        f"at end {machine['load_end']} (other jobs may share the machine: CPU pressure is the "
-        "share of time runnable tasks waited for a core)",
+        f"at end {machine['load_end']} (CPU pressure: the share of time runnable tasks waited "
+        "for a core; other jobs may share the machine)",
         f"- code: {machine.get('git', '?')}; SGLang {machine.get('sglang', '?')}, "
         f"torch {machine.get('torch', '?')}",
         f"- model: {cfg['model']}; engine arguments {cfg['engine_kwargs'] or '{}'}; "
         f"{'in-process engine' if cfg['target'] == 'engine' else 'HTTP server ' + cfg['target']}",
         "- queries: "
-        + ", ".join(f"{w['name']} {w['queries']} at {w['rates']} QPS" for w in cfg["workloads"])
+        + ", ".join(
+            f"{w['name']} {w['queries']} at {', '.join(f'{r:.3g}' for r in w['rates'])} QPS"
+            for w in cfg["workloads"]
+        )
         + f" (seeded sample, seed {cfg['seed']}); contexts cut to "
-        f"{cfg['max_context_tokens'] or 'no'} tokens; chunk delays x{cfg['delay_scale']:g}; "
+        f"{cfg['max_context_tokens'] or 'no'} tokens; chunk delays x{cfg['delay_scale']:.3g}; "
         f"{cfg['max_new_tokens']} output token(s)",
-        "- TTFT: from the final chunk's scheduled arrival (with the question) to the first "
-        "output token, measured by the client; e2e: from the query's arrival to its last token; "
-        "completion: first arrival to the last query's last token.",
-        f"- lower bound: {result['lower_bound']['method']}"
-        + _bound_probes(result["lower_bound"].get("probe_s") or {}),
+        f"- interleaving: {inter.get('method', '?')}; {n_runs} replays, {inter.get('repeats', 1)} "
+        f"repeat(s), order shuffled per repeat (seed {inter.get('seed', 0)}); see "
+        "'Replays in run order'",
+        f"- speed probe before each replay: {probe.get('tokens')} tokens from an empty cache, "
+        f"median {fmt_s(probe.get('median_s'))} s"
+        + (f" ({probe['prefill_tok_s']:.0f} tokens/s)" if probe.get("prefill_tok_s") else "")
+        + f"; {probe.get('flagged', 0)} of {n_runs} replays flagged (probe more than "
+        f"{probe.get('margin', 0.25):.0%} from the median: measured on a differently loaded "
+        "machine)",
+        f"- lower bound: {lb['method']}; **{result.get('bound_faults', 0)} measurement "
+        "fault(s)** (a TTFT under 0.95x its bound: not a result; left out of TTFT/bound)",
         f"- preemptions: {result['sched_note']}",
         "",
-        "Speedup = the non-streaming (`wait`) TTFT / this mode's TTFT at the same percentile "
-        "(>1 is faster); completion `vs wait` = this completion time / wait's (<= 1.02 is the "
-        "target). `fail` = a query that never got its first token (timeout or error). "
-        "`left at final chunk`: prompt tokens still to prefill when the final chunk arrived; "
-        "`prefilled`: prompt tokens the engine computed for all the run's requests (warming "
-        "and update-mode rollbacks recompute); `invalidated`: held KV dropped by rollbacks. "
-        f"`probe`: seconds the idle engine took, right before the replay, to prefill "
-        f"{cfg['max_context_tokens'] or 1000} tokens from an empty cache: the machine's speed "
-        "at that time (rows whose probes differ much were measured on a differently loaded "
-        "machine and do not compare well).",
+        "TTFT: from the final chunk's scheduled arrival (with the question) to the first output "
+        "token, measured by the client. Percentiles pool every repeat's queries and are printed "
+        "only from enough samples (p50 from "
+        f"{MIN_SAMPLES['p50']}, p95 from {MIN_SAMPLES['p95']}, p99 from {MIN_SAMPLES['p99']}; "
+        "`n<20` otherwise: with fewer, a p95 is just the largest sample). Speedup = `wait`'s "
+        "TTFT percentile / this mode's (>1 is faster), with a bootstrap 95% interval "
+        f"({BOOTSTRAP_DRAWS} draws, seeded) that resamples queries paired by id, each with all "
+        "its repeats. `fail` = no first token (timeout or error). Completion `vs wait`: this "
+        "mode's completion time / wait's, mean over repeats. Token columns are per replay.",
         "",
     ]
-    for (workload, rate), runs in groups(result["runs"]).items():
-        trace_mode = runs[0]["trace_mode"]
-        lines += [f"## {workload} ({trace_mode} mode), {rate:g} QPS", ""]
-        lines += _table(RUN_HEADER, run_rows(runs))
-        note = probe_note(runs)
-        if note:
-            lines += ["", note]
-        errors = [(r["mode"], e) for r in runs for e in r["summary"]["errors"]]
+
+
+def markdown(result: dict, figures: bool = True) -> str:
+    lines = _header(result)
+    lines += paper_rows(result)
+    entries = result.get("comparisons", [])
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for c in sorted(entries, key=lambda c: mode_rank(c["mode"])):
+        groups.setdefault((c["workload"], c["rate"]), []).append(c)
+    workloads = list(dict.fromkeys(c["workload"] for c in entries))
+    for (workload, rate), group in sorted(
+        groups.items(), key=lambda kv: (workloads.index(kv[0][0]), kv[0][1])
+    ):
+        util = group[0].get("utilization")
+        extra = f", utilization {util:.2f}" if util is not None else ""
+        lines += [f"## {workload} ({group[0]['trace_mode']} mode), {rate:.3g} QPS{extra}", ""]
+        lines += _table(COMPARISON_HEADER, comparison_rows(group))
+        errors = sorted(
+            {(r["mode"], e) for r in result["runs"]
+             if (r["workload"], r["rate"]) == (workload, rate) for e in r["summary"]["errors"]}
+        )  # fmt: skip
         if errors:
             lines += ["", "Errors: " + "; ".join(f"`{m}`: {e}" for m, e in errors)]
         lines.append("")
-    lines += ["## Closing note", ""]
-    lines += closing_note(result)
+    lines += ["## Replays in run order", ""]
+    lines += _table(REPLAY_HEADER, replay_rows(result["runs"]))
     if figures:
         lines += ["", f"![TTFT CCDF]({CCDF_PNG})", "", f"![p95 TTFT against rate]({P95_PNG})"]
+        lines += ["", f"![speedup against utilization]({SPEEDUP_PNG})"]
     return "\n".join(lines) + "\n"
-
-
-def _bound_probes(probes: dict) -> str:
-    if not probes:
-        return ""
-    return "; speed probe then: " + ", ".join(f"{w} {fmt_s(v)} s" for w, v in probes.items())
-
-
-PROBE_SPREAD = 1.5
-
-
-def probe_note(runs: list[dict]) -> str | None:
-    """A warning when the machine's speed differed much between the replays of one table."""
-    probes = [float(r["probe_s"]) for r in runs if r.get("probe_s") not in (None, "inf")]
-    if len(probes) < 2 or max(probes) <= PROBE_SPREAD * min(probes):
-        return None
-    return (
-        f"**Warning:** the speed probe ranged from {min(probes):.2f} s to {max(probes):.2f} s "
-        "between these replays: other jobs loaded the machine unevenly, so rows with very "
-        "different probes are not comparable."
-    )
-
-
-def closing_note(result: dict) -> list[str]:
-    """TTFT speedup over non-streaming per mode and workload, and the completion-time ratio."""
-    header = ["workload", "QPS", "mode", "TTFT speedup p50 / p95 / p99", "completion vs wait"]
-    rows = []
-    for run in sorted_runs(result["runs"]):
-        vs = run.get("vs_wait")
-        if not vs or run["mode"] == "wait":
-            continue
-        sp = vs["ttft_speedup"]
-        rows.append(
-            [
-                run["workload"],
-                f"{run['rate']:g}",
-                f"`{run['mode']}`",
-                " / ".join(fmt_x(sp.get(k)) for k in ("p50", "p95", "p99")),
-                fmt_x(vs.get("completion_ratio")),
-            ]
-        )
-    return _table(header, rows) if rows else ["(no non-streaming baseline in this run)"]
 
 
 def write_markdown(result: dict, path: Path, figures: bool = True) -> None:
@@ -256,7 +327,7 @@ def write_markdown(result: dict, path: Path, figures: bool = True) -> None:
 
 
 def write_all(result: dict, out_dir: Path, plots: bool = True) -> list[Path]:
-    """results.json, results.md and (with `plots`) the two PNGs; returns the paths."""
+    """results.json, results.md and (with `plots`) the PNGs; returns the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "results.json", out_dir / "results.md"]
     write_json(result, paths[0])
@@ -266,5 +337,6 @@ def write_all(result: dict, out_dir: Path, plots: bool = True) -> list[Path]:
     if plots:
         plot_ccdf(data, out_dir / CCDF_PNG)
         plot_p95_vs_rate(data, out_dir / P95_PNG)
-        paths += [out_dir / CCDF_PNG, out_dir / P95_PNG]
+        plot_speedup_vs_utilization(data, out_dir / SPEEDUP_PNG)
+        paths += [out_dir / CCDF_PNG, out_dir / P95_PNG, out_dir / SPEEDUP_PNG]
     return paths

@@ -1,79 +1,48 @@
-"""Run a benchmark: engine starts, replays of every workload x rate x mode, then the report.
+"""Run a benchmark: the engine, the queries, the interleaved replays, then the result dict.
 
-Modes whose behaviour does not depend on the stream policy (`wait`, `warming`, `sessions`) and
-the lower bounds run on the first engine, together with that policy's `stream` mode; each further
-policy gets its own engine start (the policy is fixed per scheduler process) and runs `stream`
-only. The prefix cache is flushed before every replay. Against a running server (`url`) there is
-one "engine": the server, whose policy the caller names.
+All modes and policies run on one engine, interleaved (`schedule.plan_single`), where the
+engine can switch its stream policy at run time (`StreamEngine.set_stream_policy`; for a
+server `POST /stream/policy`); otherwise each policy gets its own engine start
+(`schedule.plan_per_policy`) and the result says so. The paper regime (`Preset.paper`) first
+measures this machine's prefill rate, then stretches the queries' timelines and maps the
+paper's rates (`paper.calibrate`). Against a running server (`url`) there is one engine.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.harness.arrivals import arrival_seed, poisson_offsets
+import numpy as np
+
+from bench.harness.aggregate import bounds_of, comparisons, summarize_runs
 from bench.harness.backends import Backend, EngineBackend, HttpBackend
+from bench.harness.execute import Progress, RunContext, count_work, execute_plan
 from bench.harness.machine import load_now, machine_info
-from bench.harness.metrics import summarize, versus
-from bench.harness.modes import Mode, get_mode
+from bench.harness.paper import calibrate, paper_name_for, paper_rows_for
 from bench.harness.presets import Preset
-from bench.harness.queries import Query, load_queries
-from bench.harness.replay import lower_bound, replay, speed_probe
+from bench.harness.queries import Query, load_queries, scaled
+from bench.harness.replay import speed_probe
+from bench.harness.schedule import NEUTRAL_POLICY, plan_per_policy, plan_single
 
 BOUND_METHOD = (
-    "measured per query on an idle engine before the replays: the prompt before the final "
-    "chunk prefilled first (max_new_tokens=0, cached), then the full prompt timed to its first "
-    "token (no model: one measurement per query)"
+    "per query, the minimum of {k} samples, each the TTFT of the full prompt sent right after "
+    "the prompt before the final chunk was prefilled (max_new_tokens=0, cached), on the same "
+    "engine as the replays; the samples are taken just before replays of that query set and "
+    "spread over them (a query's samples before different replays when there are at least {k})"
 )
-SCHED_TODO = (
-    "not exported by this build: the scheduler's counters (SchedCounters) live in the "
-    "scheduler process; TODO export them through get_internal_state ('s2l_sched')"
+SCHED_TODO = "not exported by this engine: no s2l_sched state in SGLang's internal states"
+SWITCHED = "one engine; the stream policy switched before each replay (set_stream_policy)"
+PER_POLICY = (
+    "fallback: the engine cannot switch its stream policy at run time (no set_stream_policy), "
+    "so each policy had its own engine start; replays are interleaved per engine"
 )
-
-
-@dataclass
-class EnginePlan:
-    """One engine start: its stream policy, the modes replayed on it, whether it measures bounds."""
-
-    policy: str
-    modes: list[Mode]
-    lower_bound: bool
-
-
-def plan_engines(preset: Preset) -> list[EnginePlan]:
-    """The engine starts a preset needs (at least one)."""
-    shared = [m for m in preset.modes if m != "stream"]
-    policies = list(preset.policies) or ["default"]
-    if "stream" not in preset.modes:
-        policies = policies[:1]
-    plans = []
-    for i, policy in enumerate(policies):
-        modes = [get_mode(m, policy) for m in shared] if i == 0 else []
-        if "stream" in preset.modes:
-            modes.append(get_mode("stream", policy))
-        plans.append(EnginePlan(policy, modes, lower_bound=i == 0 and preset.lower_bound))
-    return plans
-
-
-def count_queries(preset: Preset, plans: Sequence[EnginePlan], queries: dict[str, list]) -> int:
-    """Query replays (and bound measurements) the whole benchmark makes: the progress total."""
-    total = 0
-    for plan in plans:
-        for wl in preset.workloads:
-            qs = queries[wl.name]
-            if not qs:
-                continue
-            total += len(qs) if plan.lower_bound else 0
-            modes = [m for m in plan.modes if m.applies_to(qs[0].mode)]
-            total += len(qs) * len(wl.rates) * len(modes)
-    return total
 
 
 def _start_engine(preset: Preset, policy: str):
@@ -84,129 +53,64 @@ def _start_engine(preset: Preset, policy: str):
         kwargs["model_path"] = preset.model_path
     kwargs.setdefault("log_level", "error")
     t0 = time.perf_counter()
-    # No idle timeout: delays x10 leave a stream quiet for tens of seconds.
+    # No idle timeout: stretched delays leave a stream quiet for minutes.
     engine = StreamEngine(idle_timeout=None, stream_policy=policy, **kwargs)
     engine.generate("warm up", {"max_new_tokens": 1})
     return engine, time.perf_counter() - t0
 
 
-def _load_tokenizer(path: str):
-    from transformers import AutoTokenizer
+def _engine_can_switch() -> bool:
+    from s2l_sglang.stream.engine import StreamEngine
 
-    return AutoTokenizer.from_pretrained(path)
+    return hasattr(StreamEngine, "set_stream_policy")
 
 
 def build_queries(preset: Preset, encode, decode) -> dict[str, list[Query]]:
-    return {
-        wl.name: load_queries(
-            wl.path,
-            wl.queries,
-            preset.seed,
-            preset.max_context_tokens,
-            encode,
-            decode,
-            preset.delay_scale,
-        )
-        for wl in preset.workloads
-    }
-
-
-def _counter_delta(before: dict | None, after: dict | None) -> dict | None:
-    if before is None or after is None:
-        return None
-    return {
-        k: after[k] - before.get(k, 0)
-        for k in after
-        if isinstance(after[k], int | float) and not isinstance(after[k], bool)
-    }
-
-
-class _Progress:
-    def __init__(self, total: int, enabled: bool):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit="query", disable=not enabled, file=sys.stderr)
-
-    def describe(self, text: str) -> None:
-        self.bar.set_description(text, refresh=True)
-
-    def tick(self, *_: Any) -> None:
-        self.bar.update(1)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def run_engine_plan(
-    backend: Backend,
-    plan: EnginePlan,
-    preset: Preset,
-    queries: dict[str, list[Query]],
-    params: dict,
-    progress: _Progress,
-    bounds: dict[str, dict[str, float]],
-    log: Callable[[str], None],
-    on_run: Callable[[dict], None] | None = None,
-) -> list[dict]:
-    """All replays on one engine (or server); fills `bounds` if the plan measures them.
-    `on_run` sees each run as soon as it is done (a checkpoint)."""
-    runs = []
+    """Each workload's queries; a workload whose traces mix append and update is an error."""
+    out = {}
     for wl in preset.workloads:
-        qs = queries[wl.name]
+        qs = load_queries(
+            wl.path, wl.queries, preset.seed, preset.max_context_tokens, encode, decode,
+            preset.delay_scale,
+        )  # fmt: skip
         if not qs:
-            continue
-        if plan.lower_bound:
-            progress.describe(f"{wl.name}: lower bounds")
-            probe = backend.run(speed_probe(backend, preset.max_context_tokens or 1000))
-            bounds.setdefault("probe_s", {})[wl.name] = probe
-            if not backend.run(backend.flush()):
-                log("warning: cache not flushed before the lower bounds")
-            wl_bounds = bounds.setdefault(wl.name, {})
-            for q in qs:
-                try:
-                    wl_bounds[q.id] = backend.run(lower_bound(backend, q, params))
-                except Exception as exc:
-                    log(f"warning: lower bound of {q.id} failed: {exc}")
-                    wl_bounds[q.id] = float("inf")
-                progress.tick()
-        for rate in wl.rates:
-            offsets = poisson_offsets(len(qs), rate, arrival_seed(preset.seed, wl.name, rate))
-            for mode in plan.modes:
-                if not mode.applies_to(qs[0].mode):
-                    continue
-                progress.describe(f"{plan.policy} engine: {wl.name} {rate:g} QPS {mode.label}")
-                probe = backend.run(speed_probe(backend, preset.max_context_tokens or 1000))
-                flushed = backend.run(backend.flush())
-                if not flushed:
-                    log(f"warning: cache not flushed before {wl.name} {rate:g} {mode.label}")
-                before = backend.run(backend.sched_counters())
-                t0 = time.perf_counter()
-                records = backend.run(
-                    replay(
-                        backend, mode, qs, offsets, rate, params, preset.drain_timeout_s,
-                        progress.tick,
-                    )
-                )  # fmt: skip
-                wall = time.perf_counter() - t0
-                after = backend.run(backend.sched_counters())
-                runs.append(
-                    {
-                        "workload": wl.name,
-                        "trace_mode": qs[0].mode,
-                        "rate": rate,
-                        "mode": mode.label,
-                        "policy": plan.policy,
-                        "flushed_before": flushed,
-                        "probe_s": probe,
-                        "replay_wall_s": wall,
-                        "offsets": [float(x) for x in offsets],
-                        "sched": _counter_delta(before, after),
-                        "records": records,
-                    }
-                )
-                if on_run is not None:
-                    on_run(runs[-1])
-    return runs
+            raise ValueError(f"{wl.path}: no traces")
+        if len({q.mode for q in qs}) > 1:
+            raise ValueError(f"{wl.path}: traces mix append and update modes; split the file")
+        out[wl.name] = qs
+    return out
+
+
+def calibrate_paper(
+    preset: Preset, backend: Backend, queries: dict[str, list[Query]], log: Callable[[str], None]
+) -> tuple[Preset, dict[str, list[Query]], dict]:
+    """Measure the local prefill rate on prompts of the queries' mean length (the faster of
+    two probes), then stretch the timelines and map the paper's rates at equal utilization."""
+    assert preset.paper is not None
+    tokens = {w: float(np.mean([len(backend.encode(q.final_prompt)) for q in qs]))
+              for w, qs in queries.items()}  # fmt: skip
+    probe_tokens = round(float(np.mean([t for t in tokens.values()])))
+    probe_s = min(backend.run(speed_probe(backend, probe_tokens)) for _ in range(2))
+    local = probe_tokens / probe_s
+    names = {w: paper_name_for(w, qs[0].mode, preset.paper.tokens) for w, qs in queries.items()}
+    paper_rates = {w.name: w.rates for w in preset.workloads}
+    cal = calibrate(preset.paper, paper_rates, local, tokens, names)
+    cal["probe_tokens"], cal["probe_s"] = probe_tokens, probe_s
+    cal["rows"] = paper_rows_for(cal, preset.paper.rows)
+    scale = cal["delay_scale"]
+    log(f"paper regime: local prefill {local:.0f} tokens/s on {probe_tokens}-token prompts, "
+        f"timeline x{scale:.1f}")  # fmt: skip
+    workloads = tuple(
+        replace(w, rates=tuple(r["local_qps"] for r in cal["rates"][w.name]))
+        for w in preset.workloads
+    )
+    preset = replace(
+        preset,
+        workloads=workloads,
+        delay_scale=preset.delay_scale * scale,
+        probe_tokens=probe_tokens,
+    )
+    return preset, {w: [scaled(q, scale) for q in qs] for w, qs in queries.items()}, cal
 
 
 def _write_checkpoint(path: Path, run: dict) -> None:
@@ -216,18 +120,6 @@ def _write_checkpoint(path: Path, run: dict) -> None:
     line["records"] = [r.as_dict() for r in run["records"]]
     with path.open("ab") as f:
         f.write(orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-
-
-def summarize_runs(runs: list[dict], bounds: dict[str, dict[str, float]]) -> None:
-    baselines = {}
-    for run in runs:
-        run["summary"] = summarize(run["records"], bounds.get(run["workload"]))
-        if run["mode"] == "wait":
-            baselines[(run["workload"], run["rate"])] = run["summary"]
-    for run in runs:
-        base = baselines.get((run["workload"], run["rate"]))
-        run["vs_wait"] = versus(run["summary"], base) if base is not None else None
-        run["queries"] = [r.as_dict() for r in run.pop("records")]
 
 
 def run_bench(
@@ -241,77 +133,91 @@ def run_bench(
     engine: Any = None,
     checkpoint: Path | None = None,
 ) -> dict:
-    """Run `preset` against in-process engines (default) or the server at `url`.
-
-    `engine`: an already started `StreamEngine` to use instead of starting one (the preset must
-    then need a single engine, i.e. one policy; it is not shut down here).
-    `checkpoint`: a JSON-lines file that gets each replay's raw records as soon as it is done
-    (SGLang takes the whole process down when an engine process dies).
-    """
+    """Run `preset` against an in-process engine (default), a given `StreamEngine` (`engine`,
+    not shut down here) or the server at `url`. `checkpoint`: a JSON-lines file that gets each
+    replay's raw records as soon as it is done (SGLang takes the whole process down when an
+    engine process dies)."""
     t_start = time.perf_counter()
     machine = machine_info()
     date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     params = {"temperature": 0, "max_new_tokens": preset.max_new_tokens, "ignore_eos": True}
-    plans = plan_engines(preset)
-    if url is not None:
-        plans = plans[:1]  # one server, one policy: the caller names it (the first of `policies`)
-    if engine is not None and len(plans) != 1:
-        raise ValueError("a given engine serves one stream policy: choose one policy")
-    runs: list[dict] = []
-    bounds: dict[str, dict[str, float]] = {}
     engines: list[dict] = []
-    queries: dict[str, list[Query]] | None = None
-    bar: _Progress | None = None
-    sched_seen = False
+    runs: list[dict] = []
+    owned, bar, calibration = None, None, None
+    backend: Backend | None = None
     try:
-        for plan in plans:
-            owned = None
+        if engine is not None:
+            backend = EngineBackend(engine)
+            engines.append({"policy": "given", "start_s": 0.0, "given": True})
+            switching = backend.can_switch_policy()
+        elif url is not None:
+            tokenizer = _load_tokenizer(tokenizer_path or preset.model_path or _model_path())
+            backend = HttpBackend(url, tokenizer, api_key)
+            engines.append({"policy": "server", "start_s": 0.0, "url": url})
+            switching = backend.can_switch_policy()
+        else:
+            switching = _engine_can_switch()
+            first = NEUTRAL_POLICY if switching else (preset.policies or (NEUTRAL_POLICY,))[0]
+            log(f"starting the engine (stream policy {first}) ...")
+            owned, started = _start_engine(preset, first)
+            backend = EngineBackend(owned)
+            engines.append({"policy": first, "start_s": started})
+        tok = backend.tokenizer
+        queries = build_queries(preset, backend.encode, lambda ids, tok=tok: tok.decode(ids))
+        if preset.paper is not None:
+            preset, queries, calibration = calibrate_paper(preset, backend, queries, log)
+        trace_modes = {w: qs[0].mode for w, qs in queries.items()}
+        plans = (plan_single if switching else plan_per_policy)(preset, trace_modes)
+        if not switching and len(plans) > 1 and owned is None:
             if engine is not None:
-                backend: Backend = EngineBackend(engine)
-                tokenizer = engine.tokenizer
-                engines.append({"policy": plan.policy, "start_s": 0.0, "given": True})
-            elif url is None:
+                raise ValueError("this engine serves one stream policy: choose one policy")
+            plans = plans[:1]  # a server without /stream/policy: the policy it was started with
+        bar = Progress(count_work(preset, plans, queries), progress)
+        ctx = RunContext(preset, queries, params, bar, log, switching)
+        if checkpoint is not None:
+            ctx.on_run = partial(_write_checkpoint, checkpoint)
+        for i, plan in enumerate(plans):
+            if i > 0:
+                owned.shutdown()
                 log(f"starting the engine (stream policy {plan.policy}) ...")
                 owned, started = _start_engine(preset, plan.policy)
                 backend = EngineBackend(owned)
-                tokenizer = owned.tokenizer
                 engines.append({"policy": plan.policy, "start_s": started})
-            else:
-                tokenizer = _load_tokenizer(tokenizer_path or preset.model_path or _model_path())
-                backend = HttpBackend(url, tokenizer, api_key)
-                engines.append({"policy": plan.policy, "start_s": 0.0, "url": url})
-            try:
-                if queries is None:
-
-                    def decode(ids: list[int], tok=tokenizer) -> str:
-                        return tok.decode(ids)
-
-                    queries = build_queries(preset, backend.encode, decode)
-                    bar = _Progress(count_queries(preset, plans, queries), progress)
-                runs += run_engine_plan(
-                    backend, plan, preset, queries, params, bar, bounds, log,
-                    partial(_write_checkpoint, checkpoint) if checkpoint else None,
-                )  # fmt: skip
-                sched_seen = sched_seen or any(r["sched"] is not None for r in runs)
-            finally:
-                if owned is not None:
-                    owned.shutdown()
-                elif isinstance(backend, HttpBackend):
-                    backend.close()
+            runs += execute_plan(backend, plan, i, ctx)
     finally:
         if bar is not None:
             bar.close()
-    summarize_runs(runs, bounds)
+        if owned is not None:
+            owned.shutdown()
+        elif isinstance(backend, HttpBackend):
+            backend.close()
+    return _result(preset, command, date, t_start, machine, engines, runs, ctx, switching,
+                   url, calibration)  # fmt: skip
+
+
+def _result(preset, command, date, t_start, machine, engines, runs, ctx, switching, url, cal):
+    lower = {
+        "method": BOUND_METHOD.format(k=preset.bound_repeats) if preset.lower_bound else "off",
+        "repeats": preset.bound_repeats,
+        "samples_s": ctx.samples,
+    }
+    lower["ttft_s"] = {w: bounds_of(lower, 0, w) for w in ctx.queries}
+    summarize_runs(runs, lower, preset.drift_margin)
+    probes = [r["probe_s"] for r in runs if r.get("probe_s") not in (None, float("inf"))]
+    median = float(np.median(probes)) if probes else None
+    local_tok_s = preset.probe_size / median if median else None
     machine["load_end"] = load_now()
     config = asdict(preset)
     config.update(
         model=preset.model_path or "SmolLM2-135M-Instruct (embedded, s2l model prepare)",
         target="engine" if url is None else url,
         workloads=[
-            {"name": w.name, "queries": len(queries[w.name]) if queries else 0, "rates": w.rates}
+            {"name": w.name, "queries": len(ctx.queries[w.name]), "rates": w.rates,
+             "file": str(w.path)}
             for w in preset.workloads
         ],
-    )
+    )  # fmt: skip
+    sched_seen = any(r["sched"] is not None for r in runs)
     return {
         "preset": preset.name,
         "description": preset.description,
@@ -321,14 +227,32 @@ def run_bench(
         "machine": machine,
         "config": config,
         "engines": engines,
-        "lower_bound": {
-            "method": BOUND_METHOD,
-            "probe_s": bounds.pop("probe_s", {}),
-            "ttft_s": bounds,
+        "interleave": {
+            "policy_switching": switching,
+            "method": SWITCHED if switching else PER_POLICY,
+            "seed": preset.seed,
+            "repeats": preset.repeats,
         },
+        "probe": {
+            "tokens": preset.probe_size,
+            "median_s": median,
+            "prefill_tok_s": local_tok_s,
+            "margin": preset.drift_margin,
+            "flagged": sum(bool(r["drift"]["flagged"]) for r in runs),
+        },
+        "lower_bound": lower,
+        "bound_faults": sum(r.get("bound_faults", 0) for r in runs),
+        "paper_regime": cal,
         "sched_note": "scheduler counters (s2l_sched), per replay" if sched_seen else SCHED_TODO,
         "runs": runs,
+        "comparisons": comparisons(runs, preset.seed, local_tok_s, lower),
     }
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
 
 
 def _model_path() -> str:

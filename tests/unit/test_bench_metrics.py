@@ -35,11 +35,9 @@ def test_failures_count_as_infinite():
     assert math.isinf(percentile(x, 99))
     assert math.isinf(percentile([math.inf, math.inf], 0))
     assert math.isnan(percentile([], 50))
-    assert percentiles([1.0, 2.0, 3.0]) == {
-        "p50": 2.0,
-        "p95": pytest.approx(2.9),
-        "p99": pytest.approx(2.98),
-    }
+    x = [float(v) for v in range(1, 101)]
+    assert percentiles(x) == {"p50": 50.5, "p95": pytest.approx(95.05), "p99": pytest.approx(99.01)}
+    assert math.isinf(percentiles(x[:-1] + [math.inf])["p99"])  # the failure is the tail
 
 
 def test_ccdf_is_the_fraction_at_or_above_each_value_with_failures_in_the_tail():
@@ -68,11 +66,19 @@ def test_summary_ttft_completion_bound_and_tokens():
 
 
 def test_a_failed_query_makes_the_tail_and_the_completion_infinite():
-    records = [rec("a", 0.0, 1.0, 0.5), rec("b", 0.0, 1.0, None)]
+    records = [rec(f"q{i}", 0.0, 1.0, 0.5) for i in range(19)] + [rec("b", 0.0, 1.0, None)]
     s = summarize(records)
     assert s["failed"] == 1 and s["errors"] == ["timed out"]
     assert math.isinf(s["ttft_s"]["p95"]) and math.isinf(s["completion_s"])
     assert s["ttft_s"]["mean"] == pytest.approx(0.5)  # the mean is over the finished ones only
+    assert s["ttft_s"]["p99"] is None and s["ttft_s"]["n"] == 20  # p99 needs 100 samples
+
+
+def test_ttfts_under_their_bound_are_faults_left_out_of_the_ratio():
+    records = [rec("a", 0, 1, 1.0), rec("b", 0, 1, 0.90), rec("c", 0, 1, 0.96), rec("d", 0, 1, 3)]
+    s = summarize(records, bounds={"a": 0.5, "b": 1.0, "c": 1.0})
+    assert s["bound_faults"] == ["b"]  # 0.90 < 0.95 x 1.0; c (0.96) is within the margin
+    assert s["ttft_over_bound"]["n"] == 2 and s["ttft_over_bound"]["p50"] == pytest.approx(1.48)
 
 
 def test_versus_wait():
@@ -80,8 +86,9 @@ def test_versus_wait():
     fast = summarize([rec("a", 0, 1, 0.5), rec("b", 0, 1, 1.0)])
     v = versus(fast, base)
     assert v["ttft_speedup"]["p50"] == pytest.approx(4.0)
+    assert v["ttft_speedup"]["p95"] is None  # two samples: no p95
     assert v["completion_ratio"] == pytest.approx((1 + 1.0 + 0.01) / (1 + 4.0 + 0.01))
     failed = summarize([rec("a", 0, 1, None), rec("b", 0, 1, 1.0)])
     vf = versus(failed, base)
-    assert vf["ttft_speedup"]["p99"] == 0.0  # a failure is infinitely slower
+    assert vf["ttft_speedup"]["p50"] == 0.0  # a failure is infinitely slower
     assert vf["completion_ratio"] is not None and math.isinf(vf["completion_ratio"])
