@@ -3,6 +3,8 @@
 Against `s2l serve` (the `server` fixture: started with an API key and a 3 s idle timeout). Greedy float32 output of a streamed context equals
 SGLang's own /generate on the final text; errors arrive typed; a stream left unfinished by an
 `async with` block is aborted; the one-connection form (POST /stream) gives the same output.
+Agent loops (finish with `keep_open`, through the client and through `stream_context`) and
+token-id chunks equal /generate over the same token ids.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from frontend import (
     BadRequest,
     DuplicateStream,
     EmptyChunk,
+    InvalidTokenIds,
+    MixedInput,
     StreamAPIError,
     StreamClient,
     StreamClosed,
@@ -44,13 +48,23 @@ def new_sid() -> str:
     return f"e2e-{uuid.uuid4().hex[:12]}"
 
 
-async def generate(server, text: str) -> dict:
-    """SGLang's own /generate on the whole text: the non-streaming reference."""
+async def generate(server, text: str | None = None, input_ids: list[int] | None = None) -> dict:
+    """SGLang's own /generate on the whole text (or token ids): the non-streaming reference."""
     async with aiohttp.ClientSession(headers=server.headers) as session:
-        body = {"text": text, "sampling_params": GREEDY}
+        body = {"text": text, "input_ids": input_ids, "sampling_params": GREEDY}
+        body = {k: v for k, v in body.items() if v is not None}
         async with session.post(f"{server.url}/generate", json=body) as resp:
             assert resp.status == 200
             return await resp.json()
+
+
+async def tokenize(server, text: str, add_special_tokens: bool = True) -> list[int]:
+    """The token ids of `text` by the server's own tokenizer (SGLang's /tokenize)."""
+    async with aiohttp.ClientSession(headers=server.headers) as session:
+        body = {"prompt": text, "add_special_tokens": add_special_tokens}
+        async with session.post(f"{server.url}/tokenize", json=body) as resp:
+            assert resp.status == 200
+            return (await resp.json())["tokens"]
 
 
 # ---- stream_context over sgl.RuntimeEndpoint ---------------------------------------------------
@@ -288,3 +302,123 @@ async def test_one_connection_form(server):
         with pytest.raises(BadRequest, match="first command must be open"):
             async for _ in client.connect([{"op": "append", "text": "too early"}]):
                 pass
+
+
+# ---- agent loops and token ids ---------------------------------------------------------------
+
+ASK = "\nQuestion: Which tool would you call to find the tower's height?\nAnswer:"
+TOOL = "\nTool result: height(Eiffel Tower) = 330 m.\nQuestion: How tall is the tower?\nAnswer:"
+
+
+async def test_client_keep_open_agent_loop(server):
+    async with connect(server) as client:
+        async with client.stream(new_sid(), GREEDY, text=PASSAGE) as stream:
+            first = await stream.finish(ASK, keep_open=True)
+            assert not stream.closed and first["meta_info"]["stream"]["kept_open"] is True
+            prompt1 = await tokenize(server, PASSAGE + ASK)  # SmolLM2 adds no BOS
+            history = prompt1 + first["output_ids"]
+            status = await stream.status()
+            assert status["history_tokens"] == len(history) == status["held_tokens"]
+            with pytest.raises(EmptyChunk, match="needs new input"):
+                await stream.finish(keep_open=True)  # nothing new since the generation
+            await stream.append(TOOL)  # the tool's result, after the generated tokens
+            outs = [out async for out in stream.finish_iter(keep_open=False)]
+            assert stream.closed and stream.generations == 2
+        with pytest.raises(StreamClosed, match="finished"):  # exit did not abort it
+            await client.status(stream.stream_id)
+    plain1 = await generate(server, input_ids=prompt1)
+    assert first["output_ids"] == plain1["output_ids"]
+    prompt2 = history + await tokenize(server, TOOL, add_special_tokens=False)
+    plain2 = await generate(server, input_ids=prompt2)
+    second = outs[-1]
+    assert second["output_ids"] == plain2["output_ids"] and second["text"] == plain2["text"]
+    assert second["meta_info"]["prompt_tokens"] == len(prompt2)
+    counters = second["meta_info"]["stream"]
+    assert counters["kept_open"] is False
+    # nothing held was computed twice: every turn recomputes at most its last token
+    assert counters["prefilled"] <= len(prompt2) + counters["turns"], counters
+
+
+async def test_async_with_aborts_a_stream_kept_open(server):
+    async with connect(server) as client:
+        async with client.stream(new_sid(), GREEDY, text=PASSAGE) as stream:
+            out = await stream.finish(ASK, keep_open=True)
+            await stream.append(TOOL)
+        assert out["meta_info"]["stream"]["kept_open"] is True
+        with pytest.raises(StreamClosed, match="aborted"):
+            await client.status(stream.stream_id)
+
+
+async def test_client_token_id_chunks(server):
+    ids = await tokenize(server, PASSAGE + OTHER + QUESTION)
+    cut1, cut2 = 9, 30
+    async with connect(server) as client:
+        async with client.stream(new_sid(), GREEDY, input_ids=ids[:cut1]) as stream:
+            status = await stream.append(input_ids=ids[cut1:cut2])
+            assert status["context_tokens"] == cut2
+            await stream.update(input_ids=ids[:cut1] + [ids[5]] * 4)  # replaced below
+            await stream.update(input_ids=ids[: cut2 + 5])
+            with pytest.raises(MixedInput) as info:
+                await stream.append("some text")  # an id stream takes ids only
+            assert info.value.status == 400 and info.value.stream_id == stream.stream_id
+            with pytest.raises(InvalidTokenIds):
+                await stream.append(input_ids=[10**9])
+            out = await stream.finish(input_ids=ids[cut2 + 5 :])
+    ref = await generate(server, input_ids=ids)
+    assert out["output_ids"] == ref["output_ids"] and out["text"] == ref["text"]
+    assert out["meta_info"]["prompt_tokens"] == len(ids)
+
+    async with connect(server) as client:  # one call with both: refused, the stream unchanged
+        with pytest.raises(MixedInput):
+            await client.open(new_sid(), GREEDY, text="text", input_ids=ids[:3])
+
+
+def test_new_error_codes_map_to_their_errors():
+    for code, cls in (("mixed_input", MixedInput), ("invalid_input_ids", InvalidTokenIds)):
+        body = b'{"error": {"code": "%s", "message": "m", "stream_id": "s"}}' % code.encode()
+        err = error_from_response(400, body)
+        assert type(err) is cls and err.code == code and err.stream_id == "s"
+
+
+@sgl.function
+def chat_agent(s, sid):
+    s += sgl.system("Answer from the passage.")
+    with s.user():
+        s += "Passage:\n"
+        s += stream_context(iter(CHUNKS), stream_id=sid, keep_open=True)
+        s += ASK
+    s += sgl.assistant(sgl.gen("call", max_tokens=12, temperature=0, ignore_eos=True))
+    s += sgl.user(TOOL)  # a tool's result, appended to the same stream
+    s += sgl.assistant(sgl.gen("answer", max_tokens=12, temperature=0, ignore_eos=True))
+
+
+def test_runtime_endpoint_agent_loop(endpoint, server):
+    sid = new_sid()
+    state = chat_agent.run(sid=sid, backend=endpoint)
+    state.sync()
+    assert state.error() is None, state.error()
+    call, answer, text = state["call"], state["answer"], state.text()
+    before = text[: text.index(call)]  # the program's text up to each gen
+    between = text[len(before) + len(call) : text.rindex(answer)]
+    assert "Tool result" in between and text.endswith(answer + "<|im_end|>\n")
+
+    async def references():
+        prompt1 = await tokenize(server, before)
+        plain1 = await generate(server, input_ids=prompt1)
+        tool = await tokenize(server, between, add_special_tokens=False)
+        prompt2 = prompt1 + plain1["output_ids"] + tool
+        return prompt2, plain1, await generate(server, input_ids=prompt2)
+
+    prompt2, plain1, plain2 = asyncio.run(references())
+    assert call == plain1["text"] and answer == plain2["text"]
+    meta = state.get_meta_info("answer")
+    assert meta["id"] == sid and meta["prompt_tokens"] == len(prompt2)
+    assert meta["stream"]["kept_open"] is True
+    assert meta["stream"]["prefilled"] <= len(prompt2) + meta["stream"]["turns"], meta["stream"]
+
+    async def status():
+        async with connect(server) as client:
+            await client.status(sid)
+
+    with pytest.raises(StreamClosed, match="aborted"):  # the program's end aborted it
+        asyncio.run(status())
