@@ -368,7 +368,7 @@ async def test_client_token_id_chunks(server):
     assert out["output_ids"] == ref["output_ids"] and out["text"] == ref["text"]
     assert out["meta_info"]["prompt_tokens"] == len(ids)
 
-    async with connect(server) as client:  # one call with both: refused, the stream unchanged
+    async with connect(server) as client:  # one call with both: refused before anything opens
         with pytest.raises(MixedInput):
             await client.open(new_sid(), GREEDY, text="text", input_ids=ids[:3])
 
