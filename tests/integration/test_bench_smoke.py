@@ -1,5 +1,5 @@
 """The real harness on the real engine: 2 tiny update-mode queries, `wait` and our stream under
-two policies, interleaved on one engine with 2 repeats."""
+two policies, interleaved on one engine with 2 repeats; and the per-chunk cost benchmark."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from bench.harness.presets import Preset, WorkloadSpec
 from bench.harness.report import write_all
 from bench.harness.runner import run_bench
+from bench.micro_chunk import measure
 
 pytestmark = pytest.mark.engine
 
@@ -74,3 +75,16 @@ def test_bench_interleaves_modes_and_policies_on_one_engine(engine, tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert "`stream-fcfs`" in md and "## Replays in run order" in md
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_micro_chunk_measures_each_append_on_the_engine(engine):
+    curves = measure(engine, 96, chunk=16, every=2, methods=("stream", "sessions", "warming"),
+                     progress=False)  # fmt: skip
+    for name, points in curves.items():
+        assert len(points) == 3, name
+        assert all(0 < p["ack_s"] < 30 for p in points)
+        contexts = [p["context_tokens"] for p in points]
+        assert contexts == sorted(contexts) and contexts[-1] >= 80
+    assert all(p["call_s"] > 0 for p in curves["stream"])
+    assert all(p["call_s"] is None for p in curves["warming"])
+    assert [p["context_tokens"] for p in curves["warming"]] == [32, 64, 96]
