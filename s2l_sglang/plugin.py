@@ -154,7 +154,7 @@ def _export_sched_counters(result, self, *args, **kwargs):
     """AFTER `Scheduler.get_internal_state`: add the stream counters as `s2l_sched`."""
     try:
         stream_scheduling().configure(self)
-        result.internal_state["s2l_sched"] = stream_scheduling().export()
+        result.internal_state["s2l_sched"] = stream_scheduling().export(self)
     except Exception:  # never take the scheduler down
         logger.exception("exporting stream counters failed")
     return result

@@ -296,15 +296,23 @@ class StreamScheduling:
             preemptions.labels(mode=mode, policy=self.policy_name).inc()
             preempted_tokens.labels(mode=mode, policy=self.policy_name).inc(tokens)
 
-    def export(self) -> dict[str, Any]:
-        """The counters, policy and preemption set-up (SGLang's `get_internal_state`)."""
-        return {
+    def export(self, scheduler: Any = None) -> dict[str, Any]:
+        """The counters, policy and preemption set-up (SGLang's `get_internal_state`), and,
+        given the scheduler, what streams hold right now: open sessions, session slots (each
+        pins KV), host copies. All three are 0 when no stream is live."""
+        state: dict[str, Any] = {
             **self.counters.as_dict(),
             "policy": self.policy_name,
             "preemption": self.preemption.name if self.preemption is not None else None,
             "profile": self.profile_path,
             "host_kv_used": self.host.used_tokens if self.host is not None else 0,
+            "host_copies": len(self.host.entries) if self.host is not None else 0,
         }
+        if scheduler is not None:
+            slots = getattr(getattr(scheduler.tree_cache, "session", None), "slots", {})
+            state["open_sessions"] = len(scheduler.session_controller.sessions)
+            state["session_slots"] = len(slots)
+        return state
 
 
 def _committed_tokens(scheduler: Any, sid: str) -> list[int]:

@@ -17,6 +17,46 @@ def tiny_llama(tmp_path_factory):
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
+_LIVE: dict[str, object] = {}  # the session's engine and server, once started
+
+
+def _stream_state_now() -> list[tuple[str, dict]]:
+    """(which, s2l_sched) of the session's engine and server, if started."""
+    import requests
+
+    states = []
+    if "engine" in _LIVE:
+        states.append(("engine", _LIVE["engine"].sched_counters()))
+    if "server" in _LIVE:
+        url = _LIVE["server"]
+        info = requests.get(
+            f"{url}/server_info", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30
+        ).json()
+        found = [s["s2l_sched"] for s in info.get("internal_states", []) if "s2l_sched" in s]
+        states.append(("server", found[0] if found else {}))
+    return states
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_stream_left_behind():
+    """After every test module: no stream holds an SGLang session, a session slot (KV) or a
+    host copy on the session's engine or server (waits a bounded time for closes to land)."""
+    yield
+    import time
+
+    deadline = time.monotonic() + 60
+    while True:
+        held = {
+            which: {k: state.get(k) for k in ("open_sessions", "session_slots", "host_copies")}
+            for which, state in _stream_state_now()
+        }
+        if all(not any(v.values()) for v in held.values()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"streams left behind after the module: {held}")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
 def engine():
     """The real SGLang engine on CPU (embedded model, float32) with streams, once per session.
@@ -28,7 +68,9 @@ def engine():
 
     eng = StreamEngine(idle_timeout=3.0, log_level="error", max_total_tokens=16384)
     eng.generate("warm up", {"max_new_tokens": 1})
+    _LIVE["engine"] = eng
     yield eng
+    _LIVE.pop("engine", None)
     eng.shutdown()
 
 
@@ -89,8 +131,10 @@ def server_url():
             if time.monotonic() > deadline:
                 raise TimeoutError("s2l serve did not become healthy in 300 s")
             time.sleep(1)
+        _LIVE["server"] = url
         yield url
     finally:
+        _LIVE.pop("server", None)
         import signal
 
         try:

@@ -283,6 +283,9 @@ def install_routes(app: Any) -> None:
                     if sid is None:
                         raise BadRequest("the first command must be open")
                     body["stream_id"] = sid
+                    if op == "finish" and body.get("keep_open"):
+                        # the connection ends with its finish's events: nothing could follow
+                        raise BadRequest("keep_open needs the per-command routes", sid)
                     result = await _dispatch(op, body)
                     if op == "finish":
 

@@ -95,6 +95,18 @@ def test_one_connection_ndjson_stream(server):
     assert events[-2]["output_ids"] == reference_ids(server, CONTEXT + QUESTION)
 
 
+def test_one_connection_refuses_a_finish_that_keeps_the_stream_open(server):
+    lines = [{"op": "open", "text": CONTEXT}, {"op": "finish", "keep_open": True}]
+    raw = b"".join(orjson.dumps(line) + b"\n" for line in lines)
+    resp = post(server, "/stream", raw=raw)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "bad_request" and "keep_open" in error["message"]
+    # the stream was aborted with the connection (its KV freed), not left open
+    status = requests.get(f"{server.url}/stream/{error['stream_id']}", headers=server.headers)
+    assert status.status_code == 409
+
+
 @pytest.mark.parametrize(
     ("route", "raw", "status", "code"),
     [
