@@ -84,18 +84,20 @@ def build_queries(preset: Preset, encode, decode) -> dict[str, list[Query]]:
 def calibrate_paper(
     preset: Preset, backend: Backend, queries: dict[str, list[Query]], log: Callable[[str], None]
 ) -> tuple[Preset, dict[str, list[Query]], dict]:
-    """Measure the local prefill rate on prompts of the queries' mean length (the faster of
-    two probes), then stretch the timelines and map the paper's rates at equal utilization."""
+    """Measure the local prefill rate on prompts of the queries' mean length (the fastest of
+    three probes after a discarded one: the first prefills of a new length are slow), then
+    stretch the timelines and map the paper's rates at equal utilization."""
     assert preset.paper is not None
     tokens = {w: float(np.mean([len(backend.encode(q.final_prompt)) for q in qs]))
               for w, qs in queries.items()}  # fmt: skip
     probe_tokens = round(float(np.mean([t for t in tokens.values()])))
-    probe_s = min(backend.run(speed_probe(backend, probe_tokens)) for _ in range(2))
+    probes = [backend.run(speed_probe(backend, probe_tokens)) for _ in range(4)][1:]
+    probe_s = min(probes)
     local = probe_tokens / probe_s
     names = {w: paper_name_for(w, qs[0].mode, preset.paper.tokens) for w, qs in queries.items()}
     paper_rates = {w.name: w.rates for w in preset.workloads}
     cal = calibrate(preset.paper, paper_rates, local, tokens, names)
-    cal["probe_tokens"], cal["probe_s"] = probe_tokens, probe_s
+    cal["probe_tokens"], cal["probe_s"], cal["probes_s"] = probe_tokens, probe_s, probes
     cal["rows"] = paper_rows_for(cal, preset.paper.rows)
     scale = cal["delay_scale"]
     log(f"paper regime: local prefill {local:.0f} tokens/s on {probe_tokens}-token prompts, "
@@ -166,6 +168,8 @@ def run_bench(
         queries = build_queries(preset, backend.encode, lambda ids, tok=tok: tok.decode(ids))
         if preset.paper is not None:
             preset, queries, calibration = calibrate_paper(preset, backend, queries, log)
+        else:  # a discarded probe: the first prefills of a new length are slow (warm-up)
+            backend.run(speed_probe(backend, preset.probe_size))
         trace_modes = {w: qs[0].mode for w, qs in queries.items()}
         plans = (plan_single if switching else plan_per_policy)(preset, trace_modes)
         if not switching and len(plans) > 1 and owned is None:
