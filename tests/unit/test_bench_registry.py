@@ -1,4 +1,5 @@
-"""The mode and preset registries, and what the presets promise on paper."""
+"""The mode and preset registries, what the presets promise on paper, and `s2l bench`'s
+options (`bench.cli`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from bench import cli
 from bench.harness.budget import estimate
 from bench.harness.modes import Mode, get_mode, mode_names, register
 from bench.harness.presets import ALL_MODES, get_preset, preset_names, register_preset
@@ -93,3 +95,54 @@ def test_gpu_preset_uses_an_8b_model_and_the_papers_rates():
     assert "8B" in p.model_path and set(p.policies) == set(policy_names())
     rates = {w.name: w.rates for w in p.workloads}
     assert rates["crawler"] == (0.5, 1.0, 2.0, 4.0) and rates["ann"] == (1.0, 2.0)
+
+
+def parse(*argv: str):
+    return cli.build_parser().parse_args(list(argv))
+
+
+def test_cli_overrides_the_preset():
+    args = parse(
+        "--preset", "memory-pressure", "--queries", "3", "--rates", "0.2,0.4",
+        "--policies", "fcfs", "--modes", "wait,stream", "--max-context-tokens", "0",
+        "--engine-arg", "max_total_tokens=2048", "--engine-arg", "log_level=info",
+        "--delay-scale", "30", "--no-lower-bound", "--workloads", "crawler", "--repeats", "3",
+        "--bound-repeats", "4",
+    )  # fmt: skip
+    p = cli.preset_from_args(args)
+    assert [(w.name, w.queries, w.rates) for w in p.workloads] == [("crawler", 3, (0.2, 0.4))]
+    assert p.policies == ("fcfs",) and p.modes == ("wait", "stream")
+    assert p.max_context_tokens is None and p.delay_scale == 30.0 and not p.lower_bound
+    assert p.repeats == 3 and p.bound_repeats == 4
+    assert p.engine_kwargs["max_total_tokens"] == 2048 and p.engine_kwargs["log_level"] == "info"
+    assert p.engine_kwargs["chunked_prefill_size"] == 512  # the preset's other arguments stay
+    assert cli.preset_from_args(parse()).name == "cpu-quick"
+    assert cli.preset_from_args(parse("--preset", "paper-regime", "--lower-bound")).lower_bound
+
+
+def test_cli_modes_override_replaces_per_workload_modes():
+    p = cli.preset_from_args(parse("--preset", "cpu-full", "--modes", "wait,warming"))
+    assert all(p.workload_modes(w) == ("wait", "warming") for w in p.workloads)
+    kept = cli.preset_from_args(parse("--preset", "cpu-full"))
+    assert kept.workload_modes(kept.workloads[1]) == ("wait", "stream")
+
+
+def test_cli_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown mode"):
+        cli.preset_from_args(parse("--modes", "wait,bogus"))
+    with pytest.raises(ValueError):
+        cli.preset_from_args(parse("--policies", "bogus"))
+    with pytest.raises(ValueError, match="at least 1"):
+        cli.preset_from_args(parse("--repeats", "0"))
+    for bad in (["--engine-arg", "no-equals-sign"], ["--preset", "bogus"], ["--rates", "0,1"]):
+        with pytest.raises(SystemExit):
+            parse(*bad)
+    assert cli.main(["--workloads", "nope"]) == 2
+
+
+def test_list_presets_and_estimate_print_without_running(capsys):
+    assert cli.main(["--list-presets"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in preset_names()) and "estimated" in out
+    assert cli.main(["--preset", "cpu-full", "--estimate"]) == 0
+    assert "cpu-full: about" in capsys.readouterr().out

@@ -1,5 +1,5 @@
 """Any trace file for `s2l bench --traces`: the normalized JSONL and the artifact's CSVs, read
-by what the path is; malformed files named with their line."""
+by what the path is; malformed files named with their line, and the CLI's exit code 2."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bench import cli
 from bench.tracefiles import read_any, workload_name
 from bench.traces import DEFAULT_TEMPLATE, TraceFileError
 
@@ -127,3 +128,22 @@ def test_paths_that_are_not_trace_files(tmp_path):
     garbage = tmp_path / "t.jsonl.xz"
     garbage.write_bytes(b"not xz at all")
     assert "cannot read" in error_of(garbage).message
+
+
+def test_cli_replays_trace_files_as_workloads_with_the_presets_settings(tmp_path):
+    mine = write(tmp_path / "mine.jsonl", trace_line("a"), trace_line("b"))
+    args = cli.build_parser().parse_args(
+        ["--traces", str(mine), str(FIXTURES / "crawler"), "--rates", "0.2,0.4"]
+    )
+    p = cli.preset_from_args(args)
+    assert [(w.name, w.rates, w.queries) for w in p.workloads] == [
+        ("mine", (0.2, 0.4), 6), ("crawler", (0.2, 0.4), 6)
+    ]  # fmt: skip
+    assert p.workloads[0].path == mine and p.modes == ("wait", "warming", "sessions", "stream")
+
+
+def test_cli_exits_2_with_the_file_and_line_and_no_traceback(tmp_path, capsys):
+    bad = write(tmp_path / "bad.jsonl", trace_line("a"), "{nope")
+    assert cli.main(["--traces", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2: not JSON" in err and "Traceback" not in err
