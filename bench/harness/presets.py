@@ -2,15 +2,15 @@
 
 - `cpu-quick`: a smoke run (under 10 minutes on 2 cores): 6 queries per workload, one rate.
   Too few queries for tails: its report prints p50 only.
-- `cpu-full`: tails on a CPU: 100 queries per workload at two rates each; about 55 minutes.
+- `cpu-full`: tails on a CPU: 100 queries per workload at two rates each; about 57 minutes.
 - `paper-regime`: the paper's shapes and load on this machine: whole traces (up to 6,000 tokens),
   the timeline stretched by the paper's prefill rate / ours, the paper's rates mapped at equal
-  utilization (`bench.harness.paper`); about an hour.
+  utilization (`bench.harness.paper`); about 52 minutes.
 - `memory-pressure`: a KV pool smaller than what the concurrent streams hold, chunk delays x10.
 - `gpu`, `gpu-memory-pressure`: an 8B model on one H100/H200.
 
-CPU presets run bfloat16 (`dtype` in `engine_kwargs`): how a model is served, and 3x faster than
-float32 on this CPU; float32 only matters where a run checks output identity (`s2l demo`, tests).
+CPU presets run bfloat16 (`dtype` in `engine_kwargs`): how a model is served, and about 2x faster
+than float32 here; float32 only matters where a run checks output identity (`s2l demo`, tests).
 Modes and policies of one run are interleaved (`bench.harness.schedule`). Command-line options
 override any field (`bench.cli`); `dataclasses.replace` does the rest.
 """
