@@ -227,7 +227,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=d.seeds)
     p.add_argument("--page-threshold", type=float, default=d.page_threshold)
     p.add_argument("--passage-threshold", type=float, default=d.passage_threshold)
-    p.add_argument("--site", type=Path, default=None, help="extracted html root (default: the cache, filled by `make crawler-site`)")
+    p.add_argument(
+        "--site",
+        type=Path,
+        default=None,
+        help="extracted html root (default: the cache, filled by `make crawler-site`)",
+    )
     p.add_argument("--tokenizer", choices=TOKENIZERS, default="smollm2")
     return p.parse_args(argv)
 
