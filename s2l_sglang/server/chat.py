@@ -84,7 +84,7 @@ async def _final_outputs(claim: Claim, obj: Any) -> AsyncIterator[dict]:
     """The stream's final turn for SGLang's request `obj`; as `generate_request` would yield
     for it: every output if `obj.stream`, else only the last. A stream error reaches SGLang as
     a ValueError (its 400); the route answers it in our error shape."""
-    from s2l_sglang.server.routes import stream_manager
+    from s2l_sglang.server.state import stream_manager
 
     mgr = stream_manager()
     want_stream = bool(obj.stream)

@@ -36,31 +36,10 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from s2l_sglang.server.state import stream_manager
 from s2l_sglang.stream.errors import StreamError
 
-_manager = None
 _app = None  # the FastAPI app the routes are on (its state has SGLang's OpenAI serving)
-
-
-def stream_manager():
-    """The server process's StreamManager (built on first use over SGLang's tokenizer manager,
-    with the `StreamConfig` that `s2l serve` attached to SGLang's arguments)."""
-    global _manager
-    if _manager is None:
-        from sglang.srt.entrypoints.http_server import get_global_state
-
-        from s2l_sglang.config import of_server_args
-        from s2l_sglang.stream.manager import StreamManager
-
-        tm = get_global_state().tokenizer_manager
-        config = of_server_args(tm.server_args)
-        _manager = StreamManager(tm, config, page_size=tm.server_args.page_size or 1)
-        if tm.server_args.disaggregation_mode == "prefill":  # final turns via the PD router
-            from s2l_sglang.pd import final as pd_final
-
-            router = pd_final.activate(config.pd_router)
-            _manager.final_outputs = router.outputs
-    return _manager
 
 
 def _max_body_bytes() -> int:
