@@ -183,19 +183,24 @@ def _stream_hooks() -> list[tuple[str, Callable, str]]:
 _TM_GENERATE = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
 
 
-def _chat_stream_final(original: Callable, self, obj, *args, **kwargs):
-    """AROUND `TokenizerManager.generate_request`: the request SGLang's OpenAI layer builds
-    for a chat stream's finish (`POST /stream/v1/chat/completions`, its rid claimed there)
-    becomes the stream's final turn; every other request goes on unchanged."""
+def _stream_generate_request(original: Callable, self, obj, *args, **kwargs):
+    """AROUND `TokenizerManager.generate_request`, one hook for two uses:
+    1. the request SGLang's OpenAI layer builds for a chat stream's finish
+       (`POST /stream/v1/chat/completions`, its rid claimed there) becomes the stream's final
+       turn (`server/chat.py`); that turn's own request comes back through this hook;
+    2. on a PD prefill instance, a stream's turns are handled by `pd.hooks` (inert elsewhere).
+    Every other request goes on unchanged."""
+    from s2l_sglang.pd.hooks import stream_turns_on_prefill
     from s2l_sglang.server.chat import final_generate_request
 
-    return final_generate_request(original, self, obj, *args, **kwargs)
+    def not_a_chat_finish(tm, request, *a, **k):
+        return stream_turns_on_prefill(original, tm, request, *a, **k)
+
+    return final_generate_request(not_a_chat_finish, self, obj, *args, **kwargs)
 
 
-def _chat_hooks() -> list[tuple[str, Callable, str]]:
-    """Registered after the PD hooks, so this one is outermost: a chat finish's request is
-    claimed before any other hook sees it (the final turn it starts goes through them all)."""
-    return [(_TM_GENERATE, _chat_stream_final, "AROUND")]
+def _generate_request_hooks() -> list[tuple[str, Callable, str]]:
+    return [(_TM_GENERATE, _stream_generate_request, "AROUND")]
 
 
 _SDPA_EXTEND = (
@@ -286,8 +291,7 @@ def hooks() -> list[tuple[str, Callable, str]]:
     """Every hook this plugin installs: (target, function, hook type name)."""
     from s2l_sglang import pd
 
-    found = _stream_hooks() + pd.stream_hooks()
-    found += _chat_hooks()
+    found = _stream_hooks() + pd.stream_hooks() + _generate_request_hooks()
     if _cpu_without_sgl_kernel():
         found += _cpu_hooks() + pd.cpu_hooks()
     return found

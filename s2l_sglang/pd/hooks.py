@@ -17,7 +17,6 @@ logger = logging.getLogger(__name__)
 _RETRACTION_BACKUP = "sglang.srt.mem_cache.kv_cache_builder.resolve_decode_retraction_backup"
 _MOONCAKE_SENDER_INIT = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__"
 _PREFILL_PROCESS_REQ = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue._process_req"
-_TM_GENERATE = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
 
 
 def _cpu_tensor_retraction_backup(original: Callable, *args, **kwargs):
@@ -53,8 +52,9 @@ def cpu_hooks() -> list[tuple[str, Callable, str]]:
     ]
 
 
-def _stream_turns_on_prefill(original: Callable, self, obj, *args, **kwargs):
-    """AROUND `TokenizerManager.generate_request` on a PD prefill instance: stream turns.
+def stream_turns_on_prefill(original: Callable, self, obj, *args, **kwargs):
+    """Inside the plugin's one AROUND hook on `TokenizerManager.generate_request` (plugin.py),
+    on a PD prefill instance: stream turns.
 
     - the router's copy of a stream's final turn (rid `<sid>::s2l-final`, posted by this
       process's stream manager) becomes that stream's session turn (`RouterFinal.claim`);
@@ -102,8 +102,7 @@ def _keep_prefill_only(original: Callable, self, req):
 
 
 def stream_hooks() -> list[tuple[str, Callable, str]]:
-    """Streams on a prefill instance (inert on other servers)."""
-    return [
-        (_TM_GENERATE, _stream_turns_on_prefill, "AROUND"),
-        (_PREFILL_PROCESS_REQ, _keep_prefill_only, "AROUND"),
-    ]
+    """Streams on a prefill instance (inert on other servers). `stream_turns_on_prefill` runs
+    inside the plugin's hook on `TokenizerManager.generate_request`, which it shares with chat
+    streams (one hook per target)."""
+    return [(_PREFILL_PROCESS_REQ, _keep_prefill_only, "AROUND")]
