@@ -24,6 +24,8 @@ def _stream_state_now() -> list[tuple[str, dict]]:
     """(which, s2l_sched) of the session's engine and server, if started."""
     import requests
 
+    from s2l_sglang.stream.manager import sched_counters_from
+
     states = []
     if "engine" in _LIVE:
         states.append(("engine", _LIVE["engine"].sched_counters()))
@@ -32,8 +34,7 @@ def _stream_state_now() -> list[tuple[str, dict]]:
         info = requests.get(
             f"{url}/server_info", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30
         ).json()
-        found = [s["s2l_sched"] for s in info.get("internal_states", []) if "s2l_sched" in s]
-        states.append(("server", found[0] if found else {}))
+        states.append(("server", sched_counters_from(info.get("internal_states")) or {}))
     return states
 
 

@@ -17,23 +17,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from s2l_sglang.stream.errors import StreamError
-
-
-class NotAChatStream(StreamError):
-    """A chat-only call (the OpenAI-shaped finish) on a stream opened without messages."""
-
-    status, code = 400, "not_a_chat_stream"
-
-
-class ChatStreamCall(StreamError):
-    """A call a chat stream does not take (token ids, the plain finish, sampling parameters)."""
-
-    status, code = 400, "chat_stream"
-
-
-class InvalidMessages(StreamError):
-    status, code = 400, "invalid_messages"
+from s2l_sglang.stream.errors import InvalidMessages
 
 
 @dataclass

@@ -51,3 +51,19 @@ class InvalidTokenIds(StreamError):
     """`input_ids` that are not a list of ids in the model's vocabulary."""
 
     status, code = 400, "invalid_input_ids"
+
+
+class NotAChatStream(StreamError):
+    """A chat-only call (the OpenAI-shaped finish) on a stream opened without messages."""
+
+    status, code = 400, "not_a_chat_stream"
+
+
+class ChatStreamCall(StreamError):
+    """A call a chat stream does not take (token ids, the plain finish, sampling parameters)."""
+
+    status, code = 400, "chat_stream"
+
+
+class InvalidMessages(StreamError):
+    status, code = 400, "invalid_messages"

@@ -27,19 +27,16 @@ from typing import Any
 
 from s2l_sglang.config import StreamConfig
 from s2l_sglang.rid import final_rid, is_final, turn_rid
-from s2l_sglang.stream.chat import (
-    ChatContext,
-    ChatStreamCall,
-    InvalidMessages,
-    NotAChatStream,
-    chat_context,
-)
+from s2l_sglang.stream.chat import ChatContext, chat_context
 from s2l_sglang.stream.errors import (
+    ChatStreamCall,
     ContextTooLong,
     DuplicateStream,
     EmptyChunk,
+    InvalidMessages,
     InvalidTokenIds,
     MixedInput,
+    NotAChatStream,
     StreamClosed,
     StreamError,
     UnknownStream,

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from s2l_sglang.server import chat as server_chat
-from s2l_sglang.stream.chat import ChatContext, InvalidMessages, chat_context
-from s2l_sglang.stream.errors import StreamClosed, UnknownStream
+from s2l_sglang.stream.chat import ChatContext, chat_context
+from s2l_sglang.stream.errors import InvalidMessages, StreamClosed, UnknownStream
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 
