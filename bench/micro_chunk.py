@@ -4,10 +4,13 @@ time each append's acknowledgement against the context length, three ways.
     .venv/bin/python -m bench.micro_chunk [--max-tokens 8128] [--every 1] [--chunk-tokens 16]
         [--dtype bfloat16] [--out bench/results/micro_chunk]
 
-- `stream` (ours): `append()` on the stream manager; acknowledged when the stream's held tokens
-  cover the new text (`status(sid)["held_tokens"] >= status(sid)["context_tokens"]`, polled
-  every 0.5 ms on the engine's loop). `call_s` is the time of the `append()` call itself: the
-  manager's own cost, which re-tokenizes the whole text on every chunk.
+- `stream` (ours): `append()` on the stream manager; acknowledged when the engine holds the
+  new text (`await wait_prefilled(sid)`: the stream's prefill turns have ended). `call_s` is
+  the time of the `append()` call itself: the manager's own cost (it re-tokenizes only the
+  context's last tokens, `stream/tokens.py`).
+  An earlier version polled `status()` every 0.5 ms on the engine's event loop instead; on 2
+  cores that polling took CPU from SGLang's scheduler and made our acks look 3-4x slower than
+  they are (see bench/results/README.md).
 - `sessions`: SGLang's streaming session (open_session(streaming=True)), one max_new_tokens=0
   turn per chunk with the chunk's token ids; acknowledged when the turn returns.
 - `warming`: prefix warming, the whole text so far as token ids with max_new_tokens=0 (the
@@ -22,7 +25,6 @@ micro_chunk.png under --out and prints one summary line.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -94,11 +96,8 @@ class Method:
             piece = self.tok.decode(new)
             await streams.append(self.sid, piece)
             call = time.perf_counter() - t0
-            while True:
-                status = streams.status(self.sid)
-                if status["held_tokens"] >= status["context_tokens"]:
-                    return time.perf_counter() - t0, call, status["context_tokens"]
-                await asyncio.sleep(0.0005)
+            status = await streams.wait_prefilled(self.sid)
+            return time.perf_counter() - t0, call, status["context_tokens"]
         rid = f"{self.sid}-{upto}"
         if self.name == "sessions":
             outputs = self.backend.generate(new, PREFILL_ONLY, rid, self.sid)

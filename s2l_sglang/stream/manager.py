@@ -19,6 +19,7 @@ between turns (it is not evictable by LRU while the stream lives).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -41,9 +42,10 @@ from s2l_sglang.stream.errors import (
     StreamError,
     UnknownStream,
 )
-from s2l_sglang.stream.tokens import Turn, next_turn
+from s2l_sglang.stream.tokens import Anchor, Turn, next_turn, tokenize_from
 
 PREFILL_ONLY = {"max_new_tokens": 0}
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,6 +77,8 @@ class Stream:
     #: after a finish that kept the stream open: its whole prompt and output, fixed. Later
     #: chunks go after it, and an update replaces only what came after it.
     history: list[int] = field(default_factory=list)
+    #: a text stream's context is re-tokenized from here on at each append (stream/tokens.py)
+    anchor: Anchor = Anchor()
     generations: int = 0  # generating turns so far
     held: list[int] = field(default_factory=list)
     last_chunk_at: float = 0.0
@@ -121,6 +125,8 @@ class StreamManager:
         # Chat streams: messages -> prompt ids through SGLang's own chat template (set by the
         # HTTP server, server/chat.py); synchronous, run off the event loop.
         self.chat_renderer: Callable[[list[dict]], list[int]] | None = None
+        # Appends re-tokenize only a context's tail: needs offsets (a fast tokenizer).
+        self._incremental = bool(getattr(self.tokenizer, "is_fast", False))
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -193,7 +199,8 @@ class StreamManager:
         if kind == "ids":
             await self._set_context(stream, stream.history + list(chunk))
         else:
-            await self._set_context(stream, self._tokenize_context(stream, chunk), text=chunk)
+            ids = self._tokenize_context(stream, chunk, appended=False)
+            await self._set_context(stream, ids, text=chunk)
         return self.status(sid)
 
     async def finish(
@@ -229,6 +236,8 @@ class StreamManager:
                 "after a generating turn, finish needs new input (a tool result, a question)", sid
             )
         stream.finishing = True
+        if stream.kind == "text" and stream.anchor.chars > 0:
+            self._check_incremental(stream)
         return self._generate(stream, t_finish, sampling_params, keep_open)
 
     def reserve_chat_finish(self, sid: str) -> list[dict[str, Any]]:
@@ -326,6 +335,18 @@ class StreamManager:
             "complete": stream.complete,
             **stream.counters.as_dict(),
         }
+
+    async def wait_prefilled(self, sid: str) -> dict:
+        """Wait until the engine holds the stream's whole context so far (no turn in flight or
+        due); returns its status. Raises the stream's error if its prefill failed."""
+        stream = self.streams.get(sid)
+        if stream is None:
+            self._raise_missing(sid)
+        while stream.pump is not None and not stream.pump.done():
+            await asyncio.wait({stream.pump})
+        if stream.error is not None:
+            raise stream.error
+        return self.status(sid)
 
     # ---- internals --------------------------------------------------------------------------
 
@@ -461,13 +482,43 @@ class StreamManager:
         if start_pump and (stream.pump is None or stream.pump.done()):
             stream.pump = asyncio.ensure_future(self._pump(stream))
 
-    def _tokenize_context(self, stream: Stream, text: str) -> list[int]:
+    def _tokenize_context(self, stream: Stream, text: str, appended: bool = True) -> list[int]:
         """The ids of a text stream's context: `text` alone as SGLang would tokenize it, or,
         after a generating turn, the history followed by `text`'s own tokens (no special
-        tokens: a BOS belongs at the start of the prompt only)."""
+        tokens: a BOS belongs at the start of the prompt only).
+
+        `appended`: `text` extends the stream's current text; then only its last tokens are
+        re-tokenized (from `stream.anchor`, with a fast tokenizer), so an append costs its own
+        length, not the context's. The finish checks the result against the whole text."""
+        if not appended or not text.startswith(stream.text):
+            stream.anchor = Anchor(0, len(stream.history))
+        if not self._incremental:
+            return self._exact_ids(stream, text)
+        head = stream.ids[: stream.anchor.tokens] if stream.anchor.chars else stream.history
+        ids, stream.anchor = tokenize_from(
+            self.tokenizer, text, stream.anchor, head, special=not stream.history
+        )
+        return ids
+
+    def _exact_ids(self, stream: Stream, text: str) -> list[int]:
+        """The context's ids from the whole text (what `_tokenize_context` must equal)."""
         if not stream.history:
             return self._tokenize(text)
         return stream.history + list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _check_incremental(self, stream: Stream) -> None:
+        """At the finish: the context's ids must be the whole text's. Should a tokenizer split
+        differently in pieces, its streams re-tokenize whole texts from now on, and this one's
+        final turn rolls back what differs (the prompt is exact either way)."""
+        exact = self._exact_ids(stream, stream.text)
+        if exact != stream.ids:
+            logger.warning(
+                "incremental tokenization differs from the whole text's for stream %r; "
+                "re-tokenizing whole texts from now on",
+                stream.sid,
+            )
+            self._incremental = False
+            stream.ids = exact
 
     def _tokenize(self, text: str) -> list[int]:
         """The ids SGLang gives the same text sent to `/generate`: its tokenizer manager calls
@@ -616,6 +667,7 @@ class StreamManager:
         """After a generating turn of a stream kept open: SGLang's streaming session carries
         the turn's output into the next turn's prompt, so prompt + output is the new history."""
         stream.history = stream.held + output_ids
+        stream.anchor = Anchor(0, len(stream.history))
         stream.held = list(stream.history)
         stream.ids = list(stream.history)
         stream.text = ""

@@ -50,3 +50,40 @@ def next_turn(
     if page_size > 1:
         keep -= keep % page_size
     return Turn(keep, list(new[keep:]), keep < len(held))
+
+
+#: tokens at the end of a text stream's context that are re-tokenized with every appended chunk
+#: (a chunk can change how the text before it splits; 16 tokens is far more than any merge
+#: across a chunk boundary reaches)
+RETOKENIZE_TAIL = 16
+
+
+class Anchor(NamedTuple):
+    """`ids[:tokens]` of a text stream's context are the tokenization of `text[:chars]`; an
+    append re-tokenizes only `text[chars:]`."""
+
+    chars: int = 0
+    tokens: int = 0
+
+
+def tokenize_from(tokenizer, text: str, anchor: Anchor, head: Sequence[int], special: bool):
+    """Token ids of `text` given that `head` (= ids[:anchor.tokens]) tokenizes
+    `text[:anchor.chars]`, and the anchor to use next time: a token boundary
+    RETOKENIZE_TAIL tokens before the end. `tokenizer` is a fast (offset-mapping) tokenizer;
+    `special`: add special tokens (a BOS), only when the anchor is at the start."""
+    enc = tokenizer(
+        text[anchor.chars :],
+        add_special_tokens=special and anchor.chars == 0,
+        return_offsets_mapping=True,
+    )
+    tail, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+    ids = list(head) + tail
+    nxt = anchor
+    # The last clean boundary at least RETOKENIZE_TAIL tokens from the end: token j starts
+    # where token j-1 ended (no byte-split character shared by both) and is not a special token.
+    for j in range(len(tail) - RETOKENIZE_TAIL, 0, -1):
+        start, prev_end = offsets[j][0], offsets[j - 1][1]
+        if start > 0 and start >= prev_end and offsets[j][1] > start:
+            nxt = Anchor(anchor.chars + start, anchor.tokens + j)
+            break
+    return ids, nxt
