@@ -41,6 +41,9 @@ class StreamConfig:
     max_body_bytes: int = 8 << 20
     #: on a PD prefill instance: the router that its streams' final turns go through
     pd_router: str | None = None
+    #: most new tokens in one prefill turn of a context that is not final (speculative work):
+    #: a final context or a plain request waits behind at most this much of it
+    speculative_chunk: int = 512
 
     def __post_init__(self) -> None:
         from s2l_sglang.sched.policy import policy_names
@@ -62,6 +65,10 @@ class StreamConfig:
             )
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be a positive integer: {self.max_body_bytes!r}")
+        if not isinstance(self.speculative_chunk, int) or self.speculative_chunk <= 0:
+            raise ValueError(
+                f"speculative_chunk must be a positive integer: {self.speculative_chunk!r}"
+            )
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -133,6 +140,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.pd_router,
         metavar="URL",
         help="on a PD prefill instance started by hand: the router for final turns",
+    )
+    group.add_argument(
+        "--stream-speculative-chunk",
+        dest="speculative_chunk",
+        type=int,
+        default=d.speculative_chunk,
+        metavar="TOKENS",
+        help="most new tokens in one prefill turn of a context that is not final; a final "
+        "context waits behind at most one such turn (default: %(default)s)",
     )
 
 

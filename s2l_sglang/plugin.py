@@ -139,12 +139,23 @@ def _order_by_stream_policy(original: Callable, self, waiting_queue, *args, **kw
     return result
 
 
-def _relieve_kv_pressure(self, *args, **kwargs):
-    """BEFORE `Scheduler.get_new_batch_prefill`: preempt idle streams when the plan needs KV."""
+def _around_new_prefill(original: Callable, self, *args, **kwargs):
+    """AROUND `Scheduler.get_new_batch_prefill`: before it, preempt idle streams when the plan
+    needs KV; after it, account what the batch admitted ahead of committed work that waits."""
+    sched = stream_scheduling()
+    waiting = None
     try:
-        stream_scheduling().relieve_kv_pressure(self)
+        sched.relieve_kv_pressure(self)
+        waiting = sched.before_admission(self)
     except Exception:  # never take the scheduler down
         logger.exception("stream KV-pressure relief failed")
+    batch = original(self, *args, **kwargs)
+    if waiting is not None:
+        try:
+            sched.after_admission(batch, waiting)
+        except Exception:
+            logger.exception("stream admission accounting failed")
+    return batch
 
 
 _INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
@@ -175,7 +186,7 @@ def _stream_hooks() -> list[tuple[str, Callable, str]]:
         (_SESSION_CREATE_REQ, _stream_turn_create_req, "AROUND"),
         (_HTTP_LAUNCH, _install_stream_routes, "BEFORE"),
         (_CALC_PRIORITY, _order_by_stream_policy, "AROUND"),
-        (_NEW_PREFILL, _relieve_kv_pressure, "BEFORE"),
+        (_NEW_PREFILL, _around_new_prefill, "AROUND"),
         (_INTERNAL_STATE, _export_sched_counters, "AFTER"),
     ]
 

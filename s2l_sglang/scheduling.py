@@ -29,7 +29,7 @@ from typing import Any
 
 from radix_ext.swap import HostKVPool
 from s2l_sglang.config import StreamConfig
-from s2l_sglang.rid import is_final, stream_of
+from s2l_sglang.rid import MARK, is_final, stream_of
 from s2l_sglang.sched.planner import choose_victims, plan
 from s2l_sglang.sched.policy import get_policy
 from s2l_sglang.sched.preemption import Preemption, get_preemption
@@ -57,6 +57,14 @@ class SchedCounters:
     tokens_swap_reused: int = 0  # swapped tokens the radix tree still held at resume
     swap_in_dropped: int = 0  # resumes whose host copy did not fit back (recomputed)
     plan_calls: int = 0
+    #: most prompt tokens of speculative turns (prefill of contexts not yet final) admitted
+    #: while one committed request (plain, or a final turn) waited in the queue: the bound of
+    #: "a final context waits behind at most one speculative chunk" is this <= one chunk
+    speculative_ahead_max: int = 0
+    #: most prompt tokens of committed requests that entered the queue later, admitted while
+    #: one committed request waited (0 under fcfs unless KV ran out: no starvation by order)
+    newer_committed_ahead_max: int = 0
+    committed_admitted: int = 0  # committed requests admitted (what the two maxima range over)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -70,6 +78,10 @@ class StreamScheduling:
     streams: dict[str, StreamInfo] = field(default_factory=dict)
     counters: SchedCounters = field(default_factory=SchedCounters)
 
+    #: rid -> [entered, speculative tokens ahead, newer committed tokens ahead] of committed
+    #: requests seen waiting
+    waited: dict[str, list[float]] = field(default_factory=dict)
+
     preemption: Preemption | None = None
     host: HostKVPool | None = None
     profile_path: str | None = None
@@ -79,9 +91,14 @@ class StreamScheduling:
         self.set_policy(self.config.stream_policy)
 
     def set_policy(self, name: str) -> None:
-        """Order by policy `name` from the next scheduling step on (a ValueError if unknown)."""
+        """Order by policy `name` from the next scheduling step on (a ValueError if unknown).
+        The admission maxima (`speculative_ahead_max`, ...) start again: they describe the
+        policy in force."""
         self.policy = get_policy(name)
         self.policy_name = name
+        c = self.counters
+        c.speculative_ahead_max = c.newer_committed_ahead_max = c.committed_admitted = 0
+        self.waited.clear()
 
     def configure(self, scheduler: Any) -> None:
         """Once per scheduler: the preemption mode, its cost model and the host KV pool."""
@@ -118,7 +135,7 @@ class StreamScheduling:
     def on_turn(self, rid: str) -> None:
         """A turn of a stream arrived at the scheduler (its last chunk's arrival)."""
         sid = stream_of(rid)
-        now = time.monotonic()
+        now = time.perf_counter()  # SGLang's clock for queue-entry times
         info = self.streams.get(sid)
         if info is None:
             info = self.streams[sid] = StreamInfo(opened=now, last_chunk=now)
@@ -137,7 +154,8 @@ class StreamScheduling:
     def snapshot(self, scheduler: Any) -> list[ReqView]:
         cache = scheduler.tree_cache
         views: list[ReqView] = []
-        now = time.monotonic()
+        now = time.perf_counter()
+        self._prune(scheduler)
         for req in scheduler.waiting_queue:
             sid = stream_of(req.rid)
             info = self.streams.get(sid) if sid is not None else None
@@ -146,13 +164,17 @@ class StreamScheduling:
             # A waiting turn that has not borrowed its slot yet can be preempted like an idle
             # stream (its next admission re-matches from the tree); one that has, cannot.
             preemptible = slot is not None and allocated > 0 and req.kv is not slot.kv
+            # A plain request keeps the time it entered SGLang's queue (never re-stamped, so
+            # it cannot be overtaken for ever by later work of its own class).
+            entered = getattr(getattr(req, "time_stats", None), "wait_queue_entry_time", 0.0)
+            arrival = info.opened if info is not None else (entered or now)
             views.append(
                 ReqView(
                     rid=req.rid,
                     is_stream=info is not None,
                     complete=info.complete if info is not None else True,
-                    arrival=info.opened if info is not None else now,
-                    last_chunk=info.last_chunk if info is not None else now,
+                    arrival=arrival,
+                    last_chunk=info.last_chunk if info is not None else arrival,
                     held=held,
                     # KV its admission needs: SGLang admits a request only if its whole
                     # extend plus its (clipped) output budget fits.
@@ -186,14 +208,32 @@ class StreamScheduling:
 
     # ---- ordering and acquisition -----------------------------------------------------------
 
+    def _prune(self, scheduler: Any) -> None:
+        """Forget streams whose session has closed (the table would otherwise only grow)."""
+        sessions = scheduler.session_controller.sessions
+        if len(self.streams) > 2 * len(sessions) + 64:
+            self.streams = {sid: i for sid, i in self.streams.items() if sid in sessions}
+
     def order_waiting(self, scheduler: Any) -> None:
-        """Reorder SGLang's waiting queue by the policy (no-op for `default`)."""
-        if self.policy_name == "default" or len(scheduler.waiting_queue) < 2:
+        """Reorder SGLang's waiting queue by the policy. Under every policy committed work
+        (plain requests, final turns) goes before speculative work (prefill turns of contexts
+        not yet final), so SGLang admits speculative turns only with the budget left over;
+        `default` keeps SGLang's order within each class."""
+        if len(scheduler.waiting_queue) < 2:
+            return
+        if self.policy_name == "default" and not self._speculative_waiting(scheduler):
             return
         by_rid = {req.rid: req for req in scheduler.waiting_queue}
         views = [v for v in self.snapshot(scheduler) if v.state == "waiting"]
         order = [v.rid for v in self.policy.order(views)]
         scheduler.waiting_queue[:] = [by_rid[rid] for rid in order if rid in by_rid]
+
+    def _speculative_waiting(self, scheduler: Any) -> bool:
+        for req in scheduler.waiting_queue:
+            info = self.streams.get(stream_of(req.rid)) if MARK in req.rid else None
+            if info is not None and not info.complete:
+                return True
+        return False
 
     def relieve_kv_pressure(self, scheduler: Any) -> list[str]:
         """Swap waiting streams back in; then preempt idle streams the plan did not pick until
@@ -248,6 +288,54 @@ class StreamScheduling:
                 ", ".join(released),
             )
         return released
+
+    # ---- admission accounting (the speculative-work bound) ------------------------------------
+
+    @staticmethod
+    def _is_speculative(rid: str) -> bool:
+        return MARK in rid and not is_final(rid)
+
+    def before_admission(self, scheduler: Any) -> list[Any]:
+        """The committed requests waiting as SGLang builds a prefill batch."""
+        now = time.perf_counter()
+        waiting = []
+        for req in scheduler.waiting_queue:
+            if self._is_speculative(req.rid):
+                continue
+            if req.rid not in self.waited:
+                entered = getattr(req.time_stats, "wait_queue_entry_time", 0.0) or now
+                self.waited[req.rid] = [entered, 0, 0]
+            waiting.append(req)
+        return waiting
+
+    def after_admission(self, batch: Any, waiting: list[Any]) -> None:
+        """Charge what `batch` admitted to each committed request that still waits; close the
+        account of those it admitted."""
+        batch = getattr(batch, "batch_to_run", batch)  # SGLang returns a NextBatchPlan
+        admitted = list(batch.reqs) if batch is not None else []
+        ids = {id(r) for r in admitted}
+        spec = sum(r.extend_len for r in admitted if self._is_speculative(r.rid))
+        committed = [
+            (self.waited.get(r.rid, [0.0])[0], r.extend_len)
+            for r in admitted
+            if not self._is_speculative(r.rid)
+        ]
+        for req in waiting:
+            account = self.waited.get(req.rid)
+            if account is None:
+                continue
+            if id(req) in ids:
+                c = self.counters
+                c.committed_admitted += 1
+                c.speculative_ahead_max = max(c.speculative_ahead_max, int(account[1]))
+                c.newer_committed_ahead_max = max(c.newer_committed_ahead_max, int(account[2]))
+                del self.waited[req.rid]
+                continue
+            account[1] += spec
+            account[2] += sum(n for entered, n in committed if entered > account[0])
+        if len(self.waited) > 4 * len(waiting) + 256:  # aborted while waiting
+            keep = {r.rid for r in waiting}
+            self.waited = {rid: a for rid, a in self.waited.items() if rid in keep}
 
     def _first_waiting(self, views: list[ReqView]) -> ReqView | None:
         return next((v for v in self.policy.order(views) if v.state == "waiting"), None)

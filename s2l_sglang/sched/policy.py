@@ -99,15 +99,17 @@ def _concat(groups: list[list[ReqView]]) -> list[ReqView]:
 @register("default")
 class DefaultPolicy(Policy):
     """SGLang's own order: the order the integrator passes (running batch, then its waiting
-    queue as SGLang's `--schedule-policy` sorted it), kept as is among requests with work; no
-    complete-before-partial. Requests with no work this step are listed after them, in the
-    given order: that changes no grant (they get none), it only makes them the first victims
-    and lets the planner use its cheaper path."""
+    queue as SGLang's `--schedule-policy` sorted it), kept as is within each class of work:
+    committed (complete contexts: plain requests, final turns) before speculative (partial
+    streams), so speculative prefill only takes what committed work leaves. Requests with no
+    work this step are listed after them, in the given order: that changes no grant (they
+    get none), it only makes them the first victims and lets the planner use its cheaper
+    path."""
 
     idle_last = True
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
-        return _concat(_split(list(views), by_complete=False))
+        return _concat(_split(list(views), by_complete=True))
 
 
 @register("fcfs")
@@ -153,12 +155,13 @@ class LcasPolicy(Policy):
 @register("mcps")
 class McpsPolicy(Policy):
     """Most computed (held) tokens first (the request closest to done, and the most expensive to
-    preempt, keeps going). No complete-before-partial split, as in the paper.
-    Key: (no work, -held, arrival, rid)."""
+    preempt, keeps going), within each class: committed before speculative, as under every
+    policy (the paper's MCPS has no such split; speculative work must not delay final
+    contexts). Key: (no work, partial, -held, arrival, rid)."""
 
     idle_last = True
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
         ordered = _by_arrival(views)
         ordered.sort(key=_HELD, reverse=True)  # reverse keeps stability
-        return _concat(_split(ordered, by_complete=False))
+        return _concat(_split(ordered, by_complete=True))

@@ -26,6 +26,7 @@ class StreamEngine:
         stream_policy: str = "default",
         preemption: str = "auto",
         host_kv_tokens: int | None = None,
+        speculative_chunk: int = 512,
         **engine_kwargs: Any,
     ):
         """`stream_policy`: the scheduler's stream policy (`default`, `fcfs`, `lcas`, `mcps`;
@@ -33,7 +34,8 @@ class StreamEngine:
         pressure (`auto`: by the saved cost profile of this setup, recompute if none;
         `recompute`; `swap`). `host_kv_tokens`: the host pool for swapped KV (default: the
         device pool's size). `idle_timeout`: seconds before a quiet stream is aborted (None:
-        never). A bad value is a ValueError here, before anything starts. Other arguments go to
+        never). `speculative_chunk`: most new tokens per prefill turn of a context not yet
+        final (a final context waits behind at most one). A bad value is a ValueError here, before anything starts. Other arguments go to
         `sgl.Engine` (the embedded model and CPU defaults unless overridden)."""
         import sglang as sgl
 
@@ -45,6 +47,7 @@ class StreamEngine:
             preemption=preemption,
             host_kv_tokens=host_kv_tokens,
             stream_idle_timeout=idle_timeout,
+            speculative_chunk=speculative_chunk,
         )
         kwargs = default_kwargs(**engine_kwargs)
         kwargs.setdefault("log_level", "error")  # as sgl.Engine does for keyword arguments

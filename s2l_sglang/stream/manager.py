@@ -42,9 +42,11 @@ from s2l_sglang.stream.errors import (
     StreamError,
     UnknownStream,
 )
-from s2l_sglang.stream.tokens import Anchor, Turn, next_turn, tokenize_from
+from s2l_sglang.stream.tokens import Anchor, Turn, lcp, next_turn, tokenize_from
 
 PREFILL_ONLY = {"max_new_tokens": 0}
+#: a prefill turn in flight is cancelled when a newer context drops more of it than this
+CANCEL_MIN_TOKENS = 16
 logger = logging.getLogger(__name__)
 
 
@@ -55,6 +57,8 @@ class StreamCounters:
     prefilled: int = 0  # prompt tokens computed by the engine
     reused: int = 0  # prompt tokens served from KV already held or cached
     invalidated: int = 0  # held tokens dropped by rollbacks (update, token re-alignment)
+    speculative: int = 0  # of `prefilled`: by prefill turns of a context not yet final
+    cancelled: int = 0  # new tokens of prefill turns cancelled: a newer context dropped them
 
     def add(self, other: StreamCounters) -> None:
         for name in self.__dataclass_fields__:
@@ -85,6 +89,8 @@ class Stream:
     last_activity: float = 0.0
     pump: asyncio.Task | None = None
     inflight_rid: str | None = None
+    inflight_target: list[int] | None = None  # the ids the engine holds once that turn ends
+    cancelled_rid: str | None = None  # a prefill turn aborted because the context moved on
     finishing: bool = False
     closed: bool = False
     error: StreamError | None = None
@@ -479,8 +485,33 @@ class StreamManager:
         stream.text, stream.ids = text, ids
         stream.counters.chunks += int(chunk)
         stream.last_chunk_at = time.monotonic()
+        self._cancel_if_superseded(stream)
         if start_pump and (stream.pump is None or stream.pump.done()):
             stream.pump = asyncio.ensure_future(self._pump(stream))
+
+    def _cancel_if_superseded(self, stream: Stream) -> None:
+        """Abort the stream's prefill turn in flight if the new context drops more than
+        CANCEL_MIN_TOKENS of what it prefills (an update that rewrote its part): that work
+        would be thrown away, and a final context would wait for it. The session keeps the KV
+        it held before the turn (SGLang heals an aborted streaming turn)."""
+        rid, target = stream.inflight_rid, stream.inflight_target
+        if rid is None or target is None or is_final(rid) or stream.cancelled_rid == rid:
+            return
+        if len(target) - lcp(target, stream.ids) > CANCEL_MIN_TOKENS:
+            stream.cancelled_rid = rid
+            asyncio.ensure_future(self._abort_turn(stream, rid))
+
+    async def _abort_turn(self, stream: Stream, rid: str) -> None:
+        """Abort turn `rid` once SGLang's tokenizer manager has registered it (an abort of an
+        unregistered rid is dropped); nothing if the turn ends first."""
+        states = getattr(self.tm, "rid_to_state", None)
+        for _ in range(1000):  # the gap is one tokenizer-manager step: microseconds to ms
+            if stream.inflight_rid != rid:
+                return
+            if states is None or rid in states:
+                self.tm.abort_request(rid)
+                return
+            await asyncio.sleep(0.001)
 
     def _tokenize_context(self, stream: Stream, text: str, appended: bool = True) -> list[int]:
         """The ids of a text stream's context: `text` alone as SGLang would tokenize it, or,
@@ -535,6 +566,10 @@ class StreamManager:
                 plan = next_turn(stream.held, stream.ids, self.page_size)
                 if plan is None:
                     return
+                cap = self.config.speculative_chunk
+                if len(plan.delta) > cap:  # preemptible between turns: see speculative_chunk
+                    cap = max(cap - cap % self.page_size, self.page_size)  # whole pages
+                    plan = plan._replace(delta=plan.delta[:cap])
                 await self._turn(
                     stream, plan, PREFILL_ONLY, turn_rid(stream.sid, stream.counters.turns)
                 )
@@ -567,7 +602,7 @@ class StreamManager:
                 setattr(obj, name, value)
             obj.text, obj.session_id = None, None
         target = stream.held[: plan.keep] + plan.delta
-        stream.inflight_rid = rid
+        stream.inflight_rid, stream.inflight_target = rid, target
         stream.counters.turns += 1
         out: dict = {}
         try:
@@ -579,21 +614,42 @@ class StreamManager:
                 if sink is not None:
                     await sink(out)
         except ValueError as exc:  # SGLang's validation errors (e.g. too long)
+            if stream.cancelled_rid == rid:
+                return self._cancelled(stream, plan)
             raise StreamError(str(exc), stream.sid) from exc
         finally:
-            stream.inflight_rid = None
+            stream.inflight_rid, stream.inflight_target = None, None
             stream.last_activity = time.monotonic()  # the idle clock starts when engine work ends
         meta = out.get("meta_info", {})
         reason = meta.get("finish_reason") or {}
         if reason.get("type") == "abort":
+            if stream.cancelled_rid == rid:
+                return self._cancelled(stream, plan)
             raise StreamError(f"turn aborted: {reason.get('message', '')}", stream.sid)
+        if stream.cancelled_rid == rid:  # it ended before the abort reached it
+            stream.cancelled_rid = None
         invalidated = len(stream.held) - plan.keep
         stream.held = target
         prompt, cached = meta.get("prompt_tokens", len(target)), meta.get("cached_tokens", 0)
         delta = StreamCounters(prefilled=prompt - cached, reused=cached, invalidated=invalidated)
+        if not is_final(rid):
+            delta.speculative = delta.prefilled
         stream.counters.add(delta)
         self.totals.add(delta)
         return out
+
+    def _cancelled(self, stream: Stream, plan: Turn) -> dict:
+        """A prefill turn we aborted: the engine holds what it held before it, cut to
+        `plan.keep` if the turn rolled the session back (done as SGLang created the turn's
+        request, before the abort could reach it)."""
+        stream.cancelled_rid = None
+        delta = StreamCounters(cancelled=len(plan.delta))
+        if plan.rollback:
+            delta.invalidated = len(stream.held) - plan.keep
+            stream.held = stream.held[: plan.keep]
+        stream.counters.add(delta)
+        self.totals.add(delta)
+        return {}
 
     async def _generate(
         self,

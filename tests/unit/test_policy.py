@@ -66,7 +66,7 @@ def test_new_policy_is_one_class(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rids("by-rid-desc", [view("a"), view("b")]) == ["b", "a"]
 
 
-def test_default_keeps_input_order_and_lists_idle_last() -> None:
+def test_default_keeps_input_order_committed_first_and_lists_idle_last() -> None:
     vs = [
         view("p", complete=False, arrival=0.0),
         view("idle", complete=False, pending=0, held=5),
@@ -74,7 +74,8 @@ def test_default_keeps_input_order_and_lists_idle_last() -> None:
         view("idle2", complete=False, pending=0, held=5, arrival=-1.0),
         view("d", decoding=True, held=3, arrival=5.0),
     ]
-    assert rids("default", vs) == ["p", "c", "d", "idle", "idle2"]
+    # committed work (c, d) in the given order, then speculative work (p), then idle streams
+    assert rids("default", vs) == ["c", "d", "p", "idle", "idle2"]
     assert rids("default", vs[::-1]) == ["d", "c", "p", "idle2", "idle"]
 
 
@@ -113,13 +114,15 @@ def test_lcas_earliest_last_chunk_first_complete_before_partial() -> None:
     assert rids("fcfs", vs) == ["x", "y", "p_new", "p_old"]
 
 
-def test_mcps_most_computed_first_no_complete_split() -> None:
+def test_mcps_most_computed_first_within_each_class() -> None:
     vs = [
         view("c_small", held=10, arrival=0.0),
         view("p_big", complete=False, held=500, arrival=1.0),
         view("c_mid", held=100, arrival=2.0),
+        view("p_small", complete=False, held=50, arrival=0.5),
     ]
-    assert rids("mcps", vs) == ["p_big", "c_mid", "c_small"]
+    # a speculative stream never goes before committed work, however much it holds
+    assert rids("mcps", vs) == ["c_mid", "c_small", "p_big", "p_small"]
 
 
 @pytest.mark.parametrize("name", ["fcfs", "lcas", "mcps"])

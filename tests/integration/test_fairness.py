@@ -1,0 +1,55 @@
+"""Committed work never waits behind speculative work, and nobody starves, under every policy.
+
+Runs `fairness_run.py` in its own process (see there): six streams keep three times the
+prefill budget of speculative turns waiting, while plain requests and final turns arrive. The
+scheduler counts, per committed request, the speculative prompt tokens SGLang admitted while it
+waited: never more than one speculative chunk (the remainder of a turn SGLang had already
+started chunking). Plain requests and final turns keep their arrival order under fcfs and lcas
+(no newer committed work admitted ahead of an older one), every output equals the same
+request's on an idle engine (float32), and the speculative streams are all prefilled in the end.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.integration.fairness_run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("policy", ["default", "fcfs", "lcas", "mcps"])
+def test_committed_work_waits_for_at_most_one_speculative_chunk(result, policy):
+    got = result["policies"][policy]
+    c = got["counters"]
+    assert c["policy"] == policy
+    assert c["committed_admitted"] >= 5, c  # 3 plain requests and 2 final turns, at least
+    assert c["speculative_ahead_max"] <= result["speculative_chunk"], c
+    if policy in ("fcfs", "lcas"):  # committed work in arrival order
+        assert c["newer_committed_ahead_max"] == 0, c
+    assert got["plain"] == got["plain_ref"]
+    assert got["final"] == got["final_ref"]
+    assert got["spec_complete"]  # speculative work was not starved either
+
+
+def test_nothing_left_behind(result):
+    idle = result["idle"]
+    assert idle["open_sessions"] == 0 and idle["session_slots"] == 0, idle
