@@ -1,16 +1,30 @@
-"""Our IPC message to SGLang's scheduler: switch the stream policy at run time.
+"""Our IPC messages to SGLang's scheduler.
 
-`SetStreamPolicyReq` is a msgspec struct of SGLang's request family (`BaseReq`). The plugin adds
-it to SGLang's IPC decoder (`io_struct.hook_custom_types`, in every process) and to the
-scheduler's request dispatcher; `StreamManager.set_policy` sends it over the tokenizer manager's
-own socket to the scheduler. There is no reply: the new policy shows in the scheduler's
-`s2l_sched` state. (Importing this module imports SGLang's io_struct.)
+- `SetStreamPolicyReq`: switch the stream policy at run time (`StreamManager.set_policy`). There
+  is no reply: the new policy shows in the scheduler's `s2l_sched` state.
+- `CancelStaleTurnReq`: abort a stream's prefill turn that a newer context made stale, if it
+  still waits in the queue without its session's KV (`StreamManager._cancel_if_superseded`);
+  the turn then ends with an abort whose message is `CANCELLED`. A turn already running is
+  left alone: aborting it would drop the session's KV slot.
+
+They are msgspec structs of SGLang's request family (`BaseReq`). The plugin adds them to
+SGLang's IPC decoder (`io_struct.hook_custom_types`, in every process) and to the scheduler's
+request dispatcher; the stream manager sends them over the tokenizer manager's own socket, after
+the requests they refer to. (Importing this module imports SGLang's io_struct.)
 """
 
 from __future__ import annotations
 
 from sglang.srt.managers.io_struct import BaseReq
 
+from s2l_sglang.rid import CANCELLED
+
+__all__ = ["CANCELLED", "CancelStaleTurnReq", "SetStreamPolicyReq"]
+
 
 class SetStreamPolicyReq(BaseReq, kw_only=True):
     policy: str
+
+
+class CancelStaleTurnReq(BaseReq, kw_only=True):
+    pass  # the turn's rid is BaseReq's `rid`

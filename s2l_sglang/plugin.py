@@ -71,13 +71,23 @@ def _remember_scheduler(result, self, *args, **kwargs):
     from sglang.utils import TypeBasedDispatcher
 
     from s2l_sglang.config import of_server_args
-    from s2l_sglang.messages import SetStreamPolicyReq
+    from s2l_sglang.messages import CancelStaleTurnReq, SetStreamPolicyReq
     from s2l_sglang.scheduling import StreamScheduling
 
     _scheduler = self
     _stream_sched = StreamScheduling(of_server_args(self.server_args))  # fails start-up if bad
-    self._request_dispatcher += TypeBasedDispatcher([(SetStreamPolicyReq, _set_policy)])
+    self._request_dispatcher += TypeBasedDispatcher(
+        [(SetStreamPolicyReq, _set_policy), (CancelStaleTurnReq, _cancel_stale_turn)]
+    )
     return result
+
+
+def _cancel_stale_turn(recv_req) -> None:
+    """Scheduler handler of `CancelStaleTurnReq`."""
+    try:
+        stream_scheduling().cancel_waiting_turn(_scheduler, recv_req.rid)
+    except Exception:  # never take the scheduler down
+        logger.exception("cancelling stale turn %s failed", recv_req.rid)
 
 
 def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **kwargs):
@@ -135,7 +145,10 @@ def _order_by_stream_policy(original: Callable, self, waiting_queue, *args, **kw
     """AROUND `SchedulePolicy.calc_priority`: SGLang's order, then the stream policy's."""
     result = original(self, waiting_queue, *args, **kwargs)
     if _scheduler is not None and waiting_queue is _scheduler.waiting_queue:
-        stream_scheduling().order_waiting(_scheduler)
+        try:
+            stream_scheduling().order_waiting(_scheduler)
+        except Exception:  # never take the scheduler down: SGLang's order stands
+            logger.exception("stream policy ordering failed")
     return result
 
 
@@ -313,9 +326,10 @@ def register() -> None:
     from sglang.srt.managers.io_struct import hook_custom_types
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from s2l_sglang.messages import SetStreamPolicyReq
+    from s2l_sglang.messages import CancelStaleTurnReq, SetStreamPolicyReq
 
     hook_custom_types(SetStreamPolicyReq)
+    hook_custom_types(CancelStaleTurnReq)
     for target, fn, kind in hooks():
         HookRegistry.register(target, fn, HookType[kind])
     logger.info("stream2llm plugin registered %d hooks", len(hooks()))

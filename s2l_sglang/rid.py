@@ -9,6 +9,9 @@ from __future__ import annotations
 
 MARK = "::s2l"
 
+#: the abort message of a stale speculative turn the scheduler cancelled (messages.py)
+CANCELLED = "s2l: stale speculative turn cancelled"
+
 
 def turn_rid(stream_id: str, n: int) -> str:
     return f"{stream_id}{MARK}{n}"

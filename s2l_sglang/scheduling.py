@@ -29,7 +29,7 @@ from typing import Any
 
 from radix_ext.swap import HostKVPool
 from s2l_sglang.config import StreamConfig
-from s2l_sglang.rid import MARK, is_final, stream_of
+from s2l_sglang.rid import CANCELLED, MARK, is_final, stream_of
 from s2l_sglang.sched.planner import choose_victims, plan
 from s2l_sglang.sched.policy import get_policy
 from s2l_sglang.sched.preemption import Preemption, get_preemption
@@ -65,6 +65,7 @@ class SchedCounters:
     #: one committed request waited (0 under fcfs unless KV ran out: no starvation by order)
     newer_committed_ahead_max: int = 0
     committed_admitted: int = 0  # committed requests admitted (what the two maxima range over)
+    turns_cancelled: int = 0  # stale speculative turns aborted while they waited
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -288,6 +289,25 @@ class StreamScheduling:
                 ", ".join(released),
             )
         return released
+
+    def cancel_waiting_turn(self, scheduler: Any, rid: str) -> bool:
+        """Abort stream turn `rid` (with the message `CANCELLED`) if it waits in the queue
+        and has not borrowed its session's KV slot; True if it was aborted. A turn that runs,
+        or waits holding the slot, is left alone: SGLang drops the slot of an aborted turn
+        that holds it, and the stream would recompute its whole context."""
+        from sglang.srt.managers.io_struct import AbortReq
+
+        req = next((r for r in scheduler.waiting_queue if r.rid == rid), None)
+        sid = stream_of(rid)
+        if req is None or sid is None or is_final(rid):
+            return False
+        slot = scheduler.tree_cache.session.slots.get(sid)
+        if slot is not None and req.kv is slot.kv:
+            return False
+        reason = {"type": "abort", "message": CANCELLED}
+        scheduler.abort_request(AbortReq(rid=rid, finished_reason=reason))
+        self.counters.turns_cancelled += 1
+        return True
 
     # ---- admission accounting (the speculative-work bound) ------------------------------------
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from s2l_sglang.config import StreamConfig
-from s2l_sglang.rid import final_rid, is_final, turn_rid
+from s2l_sglang.rid import CANCELLED, final_rid, is_final, turn_rid
 from s2l_sglang.stream.chat import ChatContext, chat_context
 from s2l_sglang.stream.errors import (
     ChatStreamCall,
@@ -42,7 +42,14 @@ from s2l_sglang.stream.errors import (
     StreamError,
     UnknownStream,
 )
-from s2l_sglang.stream.tokens import Anchor, Turn, lcp, next_turn, tokenize_from
+from s2l_sglang.stream.tokens import (
+    Anchor,
+    Turn,
+    incremental_tokenization_works,
+    lcp,
+    next_turn,
+    tokenize_from,
+)
 
 PREFILL_ONLY = {"max_new_tokens": 0}
 #: a prefill turn in flight is cancelled when a newer context drops more of it than this
@@ -90,6 +97,7 @@ class Stream:
     pump: asyncio.Task | None = None
     inflight_rid: str | None = None
     inflight_target: list[int] | None = None  # the ids the engine holds once that turn ends
+    inflight_keep: int = 0  # of which held before it
     cancelled_rid: str | None = None  # a prefill turn aborted because the context moved on
     finishing: bool = False
     closed: bool = False
@@ -131,8 +139,10 @@ class StreamManager:
         # Chat streams: messages -> prompt ids through SGLang's own chat template (set by the
         # HTTP server, server/chat.py); synchronous, run off the event loop.
         self.chat_renderer: Callable[[list[dict]], list[int]] | None = None
-        # Appends re-tokenize only a context's tail: needs offsets (a fast tokenizer).
-        self._incremental = bool(getattr(self.tokenizer, "is_fast", False))
+        # Appends re-tokenize only a context's tail: needs offsets (a fast tokenizer) that
+        # splits a text in pieces as it splits the whole (checked once on a sample).
+        self._incremental = incremental_tokenization_works(self.tokenizer)
+        self._tasks: set[asyncio.Task] = set()
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -243,7 +253,7 @@ class StreamManager:
             )
         stream.finishing = True
         if stream.kind == "text" and stream.anchor.chars > 0:
-            self._check_incremental(stream)
+            await self._check_incremental(stream)
         return self._generate(stream, t_finish, sampling_params, keep_open)
 
     def reserve_chat_finish(self, sid: str) -> list[dict[str, Any]]:
@@ -490,26 +500,36 @@ class StreamManager:
             stream.pump = asyncio.ensure_future(self._pump(stream))
 
     def _cancel_if_superseded(self, stream: Stream) -> None:
-        """Abort the stream's prefill turn in flight if the new context drops more than
-        CANCEL_MIN_TOKENS of what it prefills (an update that rewrote its part): that work
-        would be thrown away, and a final context would wait for it. The session keeps the KV
-        it held before the turn (SGLang heals an aborted streaming turn)."""
+        """Ask the scheduler to cancel the stream's prefill turn in flight if the new context
+        drops more than CANCEL_MIN_TOKENS, and at least half, of the new tokens that turn
+        prefills (an update rewrote them): that work would be thrown away, and a final context
+        would wait for it. The scheduler cancels it only while it waits in the queue without
+        the session's KV (`CancelStaleTurnReq`); otherwise it runs to its end as before."""
         rid, target = stream.inflight_rid, stream.inflight_target
         if rid is None or target is None or is_final(rid) or stream.cancelled_rid == rid:
             return
-        if len(target) - lcp(target, stream.ids) > CANCEL_MIN_TOKENS:
+        new = len(target) - stream.inflight_keep
+        lost = len(target) - max(lcp(target, stream.ids), stream.inflight_keep)
+        if lost > CANCEL_MIN_TOKENS and 2 * lost >= new:
             stream.cancelled_rid = rid
-            asyncio.ensure_future(self._abort_turn(stream, rid))
+            task = asyncio.ensure_future(self._send_cancel(stream, rid))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
-    async def _abort_turn(self, stream: Stream, rid: str) -> None:
-        """Abort turn `rid` once SGLang's tokenizer manager has registered it (an abort of an
-        unregistered rid is dropped); nothing if the turn ends first."""
+    async def _send_cancel(self, stream: Stream, rid: str) -> None:
+        """Send `CancelStaleTurnReq` once SGLang's tokenizer manager has the turn (it registers
+        a request just before sending it; messages go to the scheduler in order). Best effort:
+        a cancel that arrives before the turn, or after it started, changes nothing."""
+        from s2l_sglang.messages import CancelStaleTurnReq
+
         states = getattr(self.tm, "rid_to_state", None)
         for _ in range(1000):  # the gap is one tokenizer-manager step: microseconds to ms
             if stream.inflight_rid != rid:
                 return
             if states is None or rid in states:
-                self.tm.abort_request(rid)
+                await asyncio.sleep(0)  # let the registering task send the turn first
+                if stream.inflight_rid == rid:
+                    self.tm._dispatch_to_scheduler(CancelStaleTurnReq(rid=rid))
                 return
             await asyncio.sleep(0.001)
 
@@ -537,7 +557,7 @@ class StreamManager:
             return self._tokenize(text)
         return stream.history + list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _check_incremental(self, stream: Stream) -> None:
+    async def _check_incremental(self, stream: Stream) -> None:
         """At the finish: the context's ids must be the whole text's. Should a tokenizer split
         differently in pieces, its streams re-tokenize whole texts from now on, and this one's
         final turn rolls back what differs (the prompt is exact either way)."""
@@ -550,6 +570,12 @@ class StreamManager:
             )
             self._incremental = False
             stream.ids = exact
+            if len(exact) >= self.context_len:
+                await self._close(stream, "context too long")
+                raise ContextTooLong(
+                    f"context of {len(exact)} tokens exceeds the model's {self.context_len - 1}",
+                    stream.sid,
+                )
 
     def _tokenize(self, text: str) -> list[int]:
         """The ids SGLang gives the same text sent to `/generate`: its tokenizer manager calls
@@ -603,6 +629,7 @@ class StreamManager:
             obj.text, obj.session_id = None, None
         target = stream.held[: plan.keep] + plan.delta
         stream.inflight_rid, stream.inflight_target = rid, target
+        stream.inflight_keep = plan.keep
         stream.counters.turns += 1
         out: dict = {}
         try:
@@ -614,8 +641,6 @@ class StreamManager:
                 if sink is not None:
                     await sink(out)
         except ValueError as exc:  # SGLang's validation errors (e.g. too long)
-            if stream.cancelled_rid == rid:
-                return self._cancelled(stream, plan)
             raise StreamError(str(exc), stream.sid) from exc
         finally:
             stream.inflight_rid, stream.inflight_target = None, None
@@ -623,7 +648,7 @@ class StreamManager:
         meta = out.get("meta_info", {})
         reason = meta.get("finish_reason") or {}
         if reason.get("type") == "abort":
-            if stream.cancelled_rid == rid:
+            if stream.cancelled_rid == rid and reason.get("message") == CANCELLED:
                 return self._cancelled(stream, plan)
             raise StreamError(f"turn aborted: {reason.get('message', '')}", stream.sid)
         if stream.cancelled_rid == rid:  # it ended before the abort reached it
@@ -639,9 +664,9 @@ class StreamManager:
         return out
 
     def _cancelled(self, stream: Stream, plan: Turn) -> dict:
-        """A prefill turn we aborted: the engine holds what it held before it, cut to
-        `plan.keep` if the turn rolled the session back (done as SGLang created the turn's
-        request, before the abort could reach it)."""
+        """A prefill turn the scheduler cancelled while it waited: the session holds what it
+        held before the turn, cut to `plan.keep` if the turn rolled it back (done as SGLang
+        created the turn's request, before it queued)."""
         stream.cancelled_rid = None
         delta = StreamCounters(cancelled=len(plan.delta))
         if plan.rollback:

@@ -87,3 +87,28 @@ def tokenize_from(tokenizer, text: str, anchor: Anchor, head: Sequence[int], spe
             nxt = Anchor(anchor.chars + start, anchor.tokens + j)
             break
     return ids, nxt
+
+
+_PROBE = (
+    "Streaming contexts arrive in pieces: naïve re-tokenization costs O(n) per chunk, "
+    "whereas tail-only re-tokenization stays flat. Données, 日本語, emoji 🙂 and numbers 12345."
+)
+
+
+def incremental_tokenization_works(tokenizer) -> bool:
+    """True if `tokenize_from` gives the whole text's ids for this tokenizer on a sample grown
+    7 characters at a time (mid-word cuts). False for a tokenizer without offsets (not fast)
+    or one that splits a text's tail differently from the whole (SentencePiece's word-start
+    marker): the manager then re-tokenizes whole texts."""
+    if not getattr(tokenizer, "is_fast", False):
+        return False
+    try:
+        anchor, ids = Anchor(), []
+        for cut in range(7, len(_PROBE) + 7, 7):
+            text = _PROBE[:cut]
+            ids, anchor = tokenize_from(tokenizer, text, anchor, ids[: anchor.tokens], True)
+            if ids != list(tokenizer(text)["input_ids"]):
+                return False
+    except Exception:  # a tokenizer without offset mappings, say
+        return False
+    return True

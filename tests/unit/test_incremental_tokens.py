@@ -108,6 +108,14 @@ def test_metaspace_differs_in_pieces(metaspace):
     assert any(ids != metaspace(text[:c])["input_ids"] for c, ids in zip(cuts, pieces, strict=True))
 
 
+def test_the_probe_tells_which_tokenizers_split_alike(smollm2, bos_llama, metaspace):
+    from s2l_sglang.stream.tokens import incremental_tokenization_works
+
+    assert incremental_tokenization_works(smollm2)
+    assert incremental_tokenization_works(bos_llama)
+    assert not incremental_tokenization_works(metaspace)
+
+
 def manager_over(tokenizer):
     from s2l_sglang.stream.manager import StreamManager
 
@@ -117,15 +125,19 @@ def manager_over(tokenizer):
     return StreamManager(tm), tm
 
 
-@pytest.mark.parametrize("name", ["smollm2", "bos_llama", "metaspace"])
+@pytest.mark.parametrize("name", ["smollm2", "bos_llama", "metaspace", "metaspace-forced"])
 def test_final_prompt_is_the_whole_texts_tokenization(request, name):
-    tokenizer = request.getfixturevalue(name)
-    if name == "metaspace":
+    """`metaspace-forced`: the probe is overridden, so the finish's check must catch it."""
+    tokenizer = request.getfixturevalue(name.split("-")[0])
+    if name.startswith("metaspace"):
         text = "thecatsaton amatandthenitran farawayfromhome " * 14
     else:
         text = TEXT[:3000]
     pieces = [text[i : i + 37] for i in range(0, len(text), 37)]
     mgr, tm = manager_over(tokenizer)
+    assert mgr._incremental is (name in ("smollm2", "bos_llama"))  # the start-up probe
+    if name == "metaspace-forced":
+        mgr._incremental = True
 
     async def run():
         await mgr.open("s", {"max_new_tokens": 1})
@@ -139,7 +151,7 @@ def test_final_prompt_is_the_whole_texts_tokenization(request, name):
     assert tm.turns[-1].rid.endswith("-final")
     assert replay(tm.turns) == tokenizer(text)["input_ids"]
     # only a tokenizer that splits differently in pieces turns the incremental path off
-    assert mgr._incremental is (name != "metaspace")
+    assert mgr._incremental is (name in ("smollm2", "bos_llama"))
 
 
 def replay(turns) -> list[int]:
