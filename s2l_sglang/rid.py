@@ -30,6 +30,11 @@ def is_final(rid: str | None) -> bool:
     return tail.startswith("-final") and (tail == "-final" or tail[6:].isdigit())
 
 
+def is_speculative(rid: str | None) -> bool:
+    """True for a prefill turn of a stream (its context not final yet): speculative work."""
+    return bool(rid) and MARK in rid and not is_final(rid)
+
+
 def stream_of(rid: str | None) -> str | None:
     """The stream id a turn's rid belongs to, or None for any other request."""
     if not rid or MARK not in rid:

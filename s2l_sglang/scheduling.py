@@ -29,7 +29,7 @@ from typing import Any
 
 from radix_ext.swap import HostKVPool
 from s2l_sglang.config import StreamConfig
-from s2l_sglang.rid import CANCELLED, MARK, is_final, stream_of
+from s2l_sglang.rid import CANCELLED, is_final, is_speculative, stream_of
 from s2l_sglang.sched.planner import choose_victims, plan
 from s2l_sglang.sched.policy import get_policy
 from s2l_sglang.sched.preemption import Preemption, get_preemption
@@ -167,8 +167,7 @@ class StreamScheduling:
             preemptible = slot is not None and allocated > 0 and req.kv is not slot.kv
             # A plain request keeps the time it entered SGLang's queue (never re-stamped, so
             # it cannot be overtaken for ever by later work of its own class).
-            entered = getattr(getattr(req, "time_stats", None), "wait_queue_entry_time", 0.0)
-            arrival = info.opened if info is not None else (entered or now)
+            arrival = info.opened if info is not None else _entered(req, now)
             views.append(
                 ReqView(
                     rid=req.rid,
@@ -222,19 +221,14 @@ class StreamScheduling:
         `default` keeps SGLang's order within each class."""
         if len(scheduler.waiting_queue) < 2:
             return
-        if self.policy_name == "default" and not self._speculative_waiting(scheduler):
+        if self.policy_name == "default" and not any(
+            is_speculative(req.rid) for req in scheduler.waiting_queue
+        ):
             return
         by_rid = {req.rid: req for req in scheduler.waiting_queue}
         views = [v for v in self.snapshot(scheduler) if v.state == "waiting"]
         order = [v.rid for v in self.policy.order(views)]
         scheduler.waiting_queue[:] = [by_rid[rid] for rid in order if rid in by_rid]
-
-    def _speculative_waiting(self, scheduler: Any) -> bool:
-        for req in scheduler.waiting_queue:
-            info = self.streams.get(stream_of(req.rid)) if MARK in req.rid else None
-            if info is not None and not info.complete:
-                return True
-        return False
 
     def relieve_kv_pressure(self, scheduler: Any) -> list[str]:
         """Swap waiting streams back in; then preempt idle streams the plan did not pick until
@@ -298,9 +292,9 @@ class StreamScheduling:
         from sglang.srt.managers.io_struct import AbortReq
 
         req = next((r for r in scheduler.waiting_queue if r.rid == rid), None)
-        sid = stream_of(rid)
-        if req is None or sid is None or is_final(rid):
+        if req is None or not is_speculative(rid):
             return False
+        sid = stream_of(rid)
         slot = scheduler.tree_cache.session.slots.get(sid)
         if slot is not None and req.kv is slot.kv:
             return False
@@ -311,20 +305,15 @@ class StreamScheduling:
 
     # ---- admission accounting (the speculative-work bound) ------------------------------------
 
-    @staticmethod
-    def _is_speculative(rid: str) -> bool:
-        return MARK in rid and not is_final(rid)
-
     def before_admission(self, scheduler: Any) -> list[Any]:
         """The committed requests waiting as SGLang builds a prefill batch."""
         now = time.perf_counter()
         waiting = []
         for req in scheduler.waiting_queue:
-            if self._is_speculative(req.rid):
+            if is_speculative(req.rid):
                 continue
             if req.rid not in self.waited:
-                entered = getattr(req.time_stats, "wait_queue_entry_time", 0.0) or now
-                self.waited[req.rid] = [entered, 0, 0]
+                self.waited[req.rid] = [_entered(req, now), 0, 0]
             waiting.append(req)
         return waiting
 
@@ -334,11 +323,11 @@ class StreamScheduling:
         batch = getattr(batch, "batch_to_run", batch)  # SGLang returns a NextBatchPlan
         admitted = list(batch.reqs) if batch is not None else []
         ids = {id(r) for r in admitted}
-        spec = sum(r.extend_len for r in admitted if self._is_speculative(r.rid))
+        spec = sum(r.extend_len for r in admitted if is_speculative(r.rid))
         committed = [
             (self.waited.get(r.rid, [0.0])[0], r.extend_len)
             for r in admitted
-            if not self._is_speculative(r.rid)
+            if not is_speculative(r.rid)
         ]
         for req in waiting:
             account = self.waited.get(req.rid)
@@ -421,6 +410,11 @@ class StreamScheduling:
             state["open_sessions"] = len(scheduler.session_controller.sessions)
             state["session_slots"] = len(slots)
         return state
+
+
+def _entered(req: Any, now: float) -> float:
+    """When `req` entered SGLang's waiting queue (SGLang's perf_counter clock); `now` if unset."""
+    return getattr(getattr(req, "time_stats", None), "wait_queue_entry_time", 0.0) or now
 
 
 def _committed_tokens(scheduler: Any, sid: str) -> list[int]:

@@ -302,13 +302,7 @@ class StreamManager:
             raise StreamError(f"stream {sid!r} has no chat finish reserved", sid)
         if keep_open:
             raise ChatStreamCall("keep_open is not supported on a chat stream", sid)
-        if len(prompt_ids) >= self.context_len:
-            await self._close(stream, "context too long")
-            raise ContextTooLong(
-                f"prompt of {len(prompt_ids)} tokens exceeds the model's {self.context_len - 1};"
-                " stream aborted",
-                sid,
-            )
+        await self._check_length(stream, len(prompt_ids), "prompt")
         stream.ids = list(prompt_ids)
         return self._generate(stream, t_finish, dict(base.sampling_params or {}), False, base)
 
@@ -485,19 +479,23 @@ class StreamManager:
         chunk: bool = True,
     ) -> None:
         """The stream's context is now `ids` (of `text`, for a text stream); the pump sends it."""
-        if len(ids) >= self.context_len:
-            await self._close(stream, "context too long")
-            raise ContextTooLong(
-                f"context of {len(ids)} tokens exceeds the model's {self.context_len - 1}; "
-                "stream aborted",
-                stream.sid,
-            )
+        await self._check_length(stream, len(ids))
         stream.text, stream.ids = text, ids
         stream.counters.chunks += int(chunk)
         stream.last_chunk_at = time.monotonic()
         self._cancel_if_superseded(stream)
         if start_pump and (stream.pump is None or stream.pump.done()):
             stream.pump = asyncio.ensure_future(self._pump(stream))
+
+    async def _check_length(self, stream: Stream, tokens: int, what: str = "context") -> None:
+        """Abort the stream (its KV freed) and raise ContextTooLong if `tokens` do not fit."""
+        if tokens >= self.context_len:
+            await self._close(stream, "context too long")
+            raise ContextTooLong(
+                f"{what} of {tokens} tokens exceeds the model's {self.context_len - 1}; "
+                "stream aborted",
+                stream.sid,
+            )
 
     def _cancel_if_superseded(self, stream: Stream) -> None:
         """Ask the scheduler to cancel the stream's prefill turn in flight if the new context
@@ -569,13 +567,8 @@ class StreamManager:
                 stream.sid,
             )
             self._incremental = False
+            await self._check_length(stream, len(exact))
             stream.ids = exact
-            if len(exact) >= self.context_len:
-                await self._close(stream, "context too long")
-                raise ContextTooLong(
-                    f"context of {len(exact)} tokens exceeds the model's {self.context_len - 1}",
-                    stream.sid,
-                )
 
     def _tokenize(self, text: str) -> list[int]:
         """The ids SGLang gives the same text sent to `/generate`: its tokenizer manager calls
@@ -659,9 +652,12 @@ class StreamManager:
         delta = StreamCounters(prefilled=prompt - cached, reused=cached, invalidated=invalidated)
         if not is_final(rid):
             delta.speculative = delta.prefilled
+        self._count(stream, delta)
+        return out
+
+    def _count(self, stream: Stream, delta: StreamCounters) -> None:
         stream.counters.add(delta)
         self.totals.add(delta)
-        return out
 
     def _cancelled(self, stream: Stream, plan: Turn) -> dict:
         """A prefill turn the scheduler cancelled while it waited: the session holds what it
@@ -672,8 +668,7 @@ class StreamManager:
         if plan.rollback:
             delta.invalidated = len(stream.held) - plan.keep
             stream.held = stream.held[: plan.keep]
-        stream.counters.add(delta)
-        self.totals.add(delta)
+        self._count(stream, delta)
         return {}
 
     async def _generate(
