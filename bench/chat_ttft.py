@@ -81,20 +81,24 @@ def main(argv: list[str] | None = None) -> int:
             system = {"role": "system", "content": f"Run {r}, {time.time_ns()}. Answer briefly."}
             sid = f"chat-ttft-{r}-{time.time_ns()}"
             body = {"stream_id": sid, "messages": [system, {"role": "user"}], "text": chunks[0]}
-            requests.post(url + "/stream/open", headers=headers, data=orjson.dumps(body))
+            opened = requests.post(url + "/stream/open", headers=headers, data=orjson.dumps(body))
+            own = {**headers, "X-Stream-Token": opened.json()["stream_token"]}
             for chunk in chunks[1:]:
                 time.sleep(0.5)
                 body = {"stream_id": sid, "text": chunk}
-                requests.post(url + "/stream/append", headers=headers, data=orjson.dumps(body))
+                requests.post(url + "/stream/append", headers=own, data=orjson.dumps(body))
             while True:
-                status = requests.get(f"{url}/stream/{sid}", headers=headers).json()
+                status = requests.get(f"{url}/stream/{sid}", headers=own).json()
                 if status["held_tokens"] >= status["context_tokens"]:
                     tokens = status["context_tokens"]
                     break
                 time.sleep(0.05)
             t0 = time.perf_counter()
             with streamed.chat.completions.create(
-                messages=[QUESTION], extra_body={"stream_id": sid}, **gen
+                messages=[QUESTION],
+                extra_body={"stream_id": sid},
+                extra_headers={"X-Stream-Token": own["X-Stream-Token"]},
+                **gen,
             ) as events:
                 ttft["stream"].append(_first_token_s(events, t0))
             other = {"role": "system", "content": f"Plain {r}, {time.time_ns()}. Answer briefly."}

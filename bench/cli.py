@@ -3,7 +3,7 @@ TTFT over non-streaming, interleaved on one engine, with confidence intervals.
 
     s2l bench --preset cpu-quick                 # smoke run, ~6 min on 2 cores
     s2l bench --preset cpu-full                  # tails: 100 queries per workload, ~55 min
-    s2l bench --preset paper-regime              # the paper's shapes and load, ~1 h
+    s2l bench --preset paper-regime              # the paper's shapes and load, ~95 min
     s2l bench --preset cpu-quick --traces my.jsonl artifact/query_3.csv   # any trace file
     s2l bench --preset cpu-quick --url http://127.0.0.1:30000   # a running `s2l serve`
     s2l bench --preset cpu-full --estimate       # how long it would take, without running

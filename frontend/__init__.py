@@ -27,6 +27,11 @@ _EXPORTS = {
     "InvalidTokenIds": "frontend.errors",
     "BadRequest": "frontend.errors",
     "PayloadTooLarge": "frontend.errors",
+    "InvalidSamplingParams": "frontend.errors",
+    "InvalidStreamId": "frontend.errors",
+    "ReaderStalled": "frontend.errors",
+    "EngineError": "frontend.errors",
+    "Forbidden": "frontend.errors",
     "Unauthorized": "frontend.errors",
 }
 

@@ -9,7 +9,9 @@
 
 A `Stream` opens on `async with` entry and, unless it was finished, is aborted on exit (its KV
 freed at once rather than at the server's idle timeout). Every refused command raises a typed
-`frontend.errors.StreamAPIError`.
+`frontend.errors.StreamAPIError`. The client keeps each stream's token (its open's
+`stream_token`) in `tokens` and sends it with every later call on that stream; the clients of
+one process share that table unless given their own (`StreamClient(..., tokens={})`).
 
 Every chunk is text or, with `input_ids=`, a list of token ids; one stream takes one kind
 (mixing them is `MixedInput`). An agent loop finishes with `keep_open=True`: the stream then
@@ -44,6 +46,11 @@ from frontend.errors import (
 )
 
 JSON_HEADERS = {"Content-Type": "application/json"}
+#: the header that carries a stream's token (the server's `stream/isolation.py`)
+TOKEN_HEADER = "X-Stream-Token"
+#: stream id -> token of the streams this process's clients opened (shared by default: one
+#: process is one principal; a client given `tokens=` keeps its own table)
+_TOKENS: dict[str, str] = {}
 
 
 async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
@@ -71,11 +78,16 @@ class StreamClient:
         api_key: str | None = None,
         session: aiohttp.ClientSession | None = None,
         timeout: aiohttp.ClientTimeout | None = None,
+        tokens: dict[str, str] | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session = session
         self._owns_session = session is None
+        #: stream id -> its token (the `stream_token` of its open; sent as X-Stream-Token):
+        #: shared by this process's clients unless `tokens` is given. Set an entry to act on
+        #: a stream another process opened.
+        self.tokens: dict[str, str] = _TOKENS if tokens is None else tokens
         self._timeout = timeout or aiohttp.ClientTimeout(total=None, sock_connect=30)
 
     @property
@@ -114,12 +126,22 @@ class StreamClient:
         async with self.session.post(
             f"{self.base_url}/stream/{op}",
             data=orjson.dumps(body),
-            headers={**JSON_HEADERS, **self.headers},
+            headers={**JSON_HEADERS, **self._headers(body.get("stream_id"))},
         ) as resp:
             raw = await resp.read()
             if resp.status != 200:
                 raise error_from_response(resp.status, raw, body.get("stream_id"))
-            return orjson.loads(raw)
+            answer = orjson.loads(raw)
+        if op == "open" and isinstance(answer, dict) and answer.get("stream_token"):
+            self.tokens[answer["stream_id"]] = answer["stream_token"]
+        elif op == "abort" or (op == "finish" and not body.get("keep_open")):
+            self.tokens.pop(body.get("stream_id"), None)
+        return answer
+
+    def _headers(self, stream_id: str | None) -> dict[str, str]:
+        """The API key, and the stream's token where this client has it."""
+        token = self.tokens.get(stream_id) if stream_id is not None else None
+        return {**self.headers, TOKEN_HEADER: token} if token else dict(self.headers)
 
     async def open(
         self,
@@ -181,10 +203,12 @@ class StreamClient:
         async with self.session.post(
             f"{self.base_url}/stream/finish",
             data=orjson.dumps(body),
-            headers={**JSON_HEADERS, **self.headers},
+            headers={**JSON_HEADERS, **self._headers(stream_id)},
         ) as resp:
             async for out in self._events(resp, stream_id):
                 yield out
+        if not keep_open:
+            self.tokens.pop(stream_id, None)
 
     async def abort(self, stream_id: str) -> dict:
         return await self.command("abort", {"stream_id": stream_id})
@@ -192,7 +216,7 @@ class StreamClient:
     async def status(self, stream_id: str) -> dict:
         """The stream's status; `StreamClosed` once it was finished or aborted."""
         async with self.session.get(
-            f"{self.base_url}/stream/{stream_id}", headers=self.headers
+            f"{self.base_url}/stream/{stream_id}", headers=self._headers(stream_id)
         ) as resp:
             raw = await resp.read()
             if resp.status != 200:

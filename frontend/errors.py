@@ -84,6 +84,36 @@ class PayloadTooLarge(StreamAPIError):
     code, status = "payload_too_large", 413
 
 
+class InvalidSamplingParams(StreamAPIError):
+    """Sampling parameters SGLang would refuse (checked at open and at finish)."""
+
+    code, status = "invalid_sampling_params", 400
+
+
+class InvalidStreamId(StreamAPIError):
+    """A stream id with characters a route cannot address (allowed: A-Z a-z 0-9 . _ ~ -)."""
+
+    code, status = "invalid_stream_id", 400
+
+
+class ReaderStalled(StreamAPIError):
+    """The finish's output was not read for the server's idle timeout: the stream was aborted."""
+
+    code, status = "reader_stalled", 408
+
+
+class EngineError(StreamAPIError):
+    """The engine failed or refused a turn for a reason of its own (overload: 503)."""
+
+    code, status = "engine_error", 500
+
+
+class Forbidden(StreamAPIError):
+    """403: a call on a stream without its token (the `stream_token` its open returned)."""
+
+    code, status = "forbidden", 403
+
+
 class Unauthorized(StreamAPIError):
     """401: a missing or wrong API key (SGLang's `--api-key`)."""
 
@@ -102,6 +132,11 @@ ERRORS: dict[str, type[StreamAPIError]] = {
         InvalidTokenIds,
         BadRequest,
         PayloadTooLarge,
+        InvalidSamplingParams,
+        InvalidStreamId,
+        ReaderStalled,
+        EngineError,
+        Forbidden,
         Unauthorized,
     )
 }

@@ -44,6 +44,10 @@ class StreamConfig:
     #: most new tokens in one prefill turn of a context that is not final (speculative work):
     #: a final context or a plain request waits behind at most this much of it
     speculative_chunk: int = 512
+    #: update mode: prefill the volatile tail (what the last refinement rewrote, beyond the
+    #: prefix it shares with the version before) only at the lowest priority, with budget no
+    #: other request wants
+    hold_back: bool = True
 
     def __post_init__(self) -> None:
         from s2l_sglang.sched.policy import policy_names
@@ -149,6 +153,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help="most new tokens in one prefill turn of a context that is not final; a final "
         "context waits behind at most one such turn (default: %(default)s)",
+    )
+    group.add_argument(
+        "--no-stream-hold-back",
+        dest="hold_back",
+        action="store_false",
+        default=d.hold_back,
+        help="update mode: prefill a refined context's rewritten tail at speculative priority "
+        "instead of the lowest (default: held back)",
     )
 
 

@@ -87,7 +87,17 @@ def _cancel_stale_turn(recv_req) -> None:
     try:
         stream_scheduling().cancel_waiting_turn(_scheduler, recv_req.rid)
     except Exception:  # never take the scheduler down
-        logger.exception("cancelling stale turn %s failed", recv_req.rid)
+        _hook_failed(f"cancelling stale turn {recv_req.rid}")
+
+
+def _hook_failed(what: str) -> None:
+    """A scheduler-side hook failed: SGLang's own behaviour goes on; logged and counted
+    (`hook_errors` in `s2l_sched`)."""
+    logger.exception("%s failed; SGLang's own behaviour goes on", what)
+    try:
+        stream_scheduling().counters.hook_errors += 1
+    except Exception:  # pragma: no cover - counting must not fail the fallback
+        pass
 
 
 def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **kwargs):
@@ -103,7 +113,10 @@ def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **k
 
     if not (self.streaming and stream_of(req.rid) is not None):
         return original(self, req, tokenizer, *args, **kwargs)
-    stream_scheduling().on_turn(req.rid)
+    try:
+        stream_scheduling().on_turn(req.rid)
+    except Exception:  # never take the scheduler down: the turn goes on unscheduled by us
+        _hook_failed(f"recording stream turn {req.rid}")
     params = req.session_params
     failure = None
     if params is not None and params.replace:
@@ -114,7 +127,7 @@ def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **k
         try:
             rollback_streaming_session(self, _scheduler.tree_cache, params.offset or 0)
         except Exception as exc:  # never take the scheduler down: abort this turn only
-            logger.exception("stream rollback failed for %s", req.rid)
+            _hook_failed(f"stream rollback of {req.rid}")
             failure = f"stream rollback failed: {exc}"
         req.session_params = SessionParams(id=params.id)
     new_req = original(self, req, None, *args, **kwargs)  # None: no BOS strip
@@ -148,7 +161,7 @@ def _order_by_stream_policy(original: Callable, self, waiting_queue, *args, **kw
         try:
             stream_scheduling().order_waiting(_scheduler)
         except Exception:  # never take the scheduler down: SGLang's order stands
-            logger.exception("stream policy ordering failed")
+            _hook_failed("stream policy ordering")
     return result
 
 
@@ -161,13 +174,13 @@ def _around_new_prefill(original: Callable, self, *args, **kwargs):
         sched.relieve_kv_pressure(self)
         waiting = sched.before_admission(self)
     except Exception:  # never take the scheduler down
-        logger.exception("stream KV-pressure relief failed")
+        _hook_failed("stream KV-pressure relief")
     batch = original(self, *args, **kwargs)
     if waiting is not None:
         try:
             sched.after_admission(batch, waiting)
         except Exception:
-            logger.exception("stream admission accounting failed")
+            _hook_failed("stream admission accounting")
     return batch
 
 
@@ -180,7 +193,7 @@ def _export_sched_counters(result, self, *args, **kwargs):
         stream_scheduling().configure(self)
         result.internal_state["s2l_sched"] = stream_scheduling().export(self)
     except Exception:  # never take the scheduler down
-        logger.exception("exporting stream counters failed")
+        _hook_failed("exporting stream counters")
     return result
 
 
@@ -208,7 +221,9 @@ _TM_GENERATE = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_
 
 
 def _stream_generate_request(original: Callable, self, obj, *args, **kwargs):
-    """AROUND `TokenizerManager.generate_request`, one hook for two uses:
+    """AROUND `TokenizerManager.generate_request`, one hook for three uses:
+    0. a request that names a live stream's SGLang session is refused unless it is the stream
+       manager's own turn (`stream/isolation.py`; SGLang's 400 for a ValueError);
     1. the request SGLang's OpenAI layer builds for a chat stream's finish
        (`POST /stream/v1/chat/completions`, its rid claimed there) becomes the stream's final
        turn (`server/chat.py`); that turn's own request comes back through this hook;
@@ -216,6 +231,12 @@ def _stream_generate_request(original: Callable, self, obj, *args, **kwargs):
     Every other request goes on unchanged."""
     from s2l_sglang.pd.hooks import stream_turns_on_prefill
     from s2l_sglang.server.chat import final_generate_request
+    from s2l_sglang.stream import isolation
+
+    try:
+        isolation.check_generate(obj)
+    except ValueError as exc:
+        return _refused(exc)
 
     def not_a_chat_finish(tm, request, *a, **k):
         return stream_turns_on_prefill(original, tm, request, *a, **k)
@@ -223,8 +244,29 @@ def _stream_generate_request(original: Callable, self, obj, *args, **kwargs):
     return final_generate_request(not_a_chat_finish, self, obj, *args, **kwargs)
 
 
+async def _refused(exc: ValueError):
+    """An async generator (what `generate_request` returns) that raises SGLang's 400."""
+    raise exc
+    yield  # pragma: no cover - makes this an async generator
+
+
+_TM_CLOSE_SESSION = "sglang.srt.managers.tokenizer_manager.TokenizerManager.close_session"
+
+
+async def _guard_close_session(original: Callable, self, obj, *args, **kwargs):
+    """AROUND `TokenizerManager.close_session`: a live stream's session is closed only by the
+    stream manager (`/close_session` gets SGLang's 400 otherwise; stream/isolation.py)."""
+    from s2l_sglang.stream import isolation
+
+    isolation.check_close(obj)
+    return await original(self, obj, *args, **kwargs)
+
+
 def _generate_request_hooks() -> list[tuple[str, Callable, str]]:
-    return [(_TM_GENERATE, _stream_generate_request, "AROUND")]
+    return [
+        (_TM_GENERATE, _stream_generate_request, "AROUND"),
+        (_TM_CLOSE_SESSION, _guard_close_session, "AROUND"),
+    ]
 
 
 _SDPA_EXTEND = (

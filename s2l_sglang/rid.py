@@ -1,8 +1,10 @@
 """Request ids of a stream's engine turns (kept import-light: the scheduler plugin reads them).
 
-A stream's handle is its stream id; inside SGLang each turn is a request of a streaming session
-named after the stream: `<stream id>::s2l<n>` for prefill turns, `<stream id>::s2l-final` for
-the turn that generates (`-final1`, `-final2`, ... for the next ones of a stream kept open).
+A stream's handle is its stream id; inside SGLang each turn is a request of the stream's
+streaming session, named by the session's key (stream/isolation.py): `<key>::s2l<n>` for prefill
+turns, `<key>::s2lv<n>` for prefill turns of a volatile tail (the part of an update-mode context
+that the last refinement rewrote: the lowest priority), `<key>::s2l-final` for the turn that
+generates (`-final1`, `-final2`, ... for the next ones of a stream kept open).
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ CANCELLED = "s2l: stale speculative turn cancelled"
 
 def turn_rid(stream_id: str, n: int) -> str:
     return f"{stream_id}{MARK}{n}"
+
+
+def volatile_rid(stream_id: str, n: int) -> str:
+    """The rid of a prefill turn of a volatile tail (ordered after all other work)."""
+    return f"{stream_id}{MARK}v{n}"
+
+
+def is_volatile(rid: str | None) -> bool:
+    """True for a prefill turn of a volatile tail (`volatile_rid`)."""
+    return bool(rid) and MARK in rid and rid.rpartition(MARK)[2].startswith("v")
 
 
 def final_rid(stream_id: str, n: int = 0) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 from radix_ext.swap import HostKVPool
 from s2l_sglang.config import StreamConfig
-from s2l_sglang.rid import CANCELLED, is_final, is_speculative, stream_of
+from s2l_sglang.rid import CANCELLED, is_final, is_speculative, is_volatile, stream_of
 from s2l_sglang.sched.planner import choose_victims, plan
 from s2l_sglang.sched.policy import get_policy
 from s2l_sglang.sched.preemption import Preemption, get_preemption
@@ -56,6 +56,11 @@ class SchedCounters:
     tokens_swapped_in: int = 0  # KV tokens copied back from the host pool
     tokens_swap_reused: int = 0  # swapped tokens the radix tree still held at resume
     swap_in_dropped: int = 0  # resumes whose host copy did not fit back (recomputed)
+    #: host copies never swapped back in (the stream recomputed, or closed): each is counted
+    #: as a recompute preemption, not a swap one
+    swap_copies_unused: int = 0
+    #: scheduler-side hook calls that failed and fell back to SGLang's own behaviour
+    hook_errors: int = 0
     plan_calls: int = 0
     #: most prompt tokens of speculative turns (prefill of contexts not yet final) admitted
     #: while one committed request (plain, or a final turn) waited in the queue: the bound of
@@ -65,6 +70,10 @@ class SchedCounters:
     #: one committed request waited (0 under fcfs unless KV ran out: no starvation by order)
     newer_committed_ahead_max: int = 0
     committed_admitted: int = 0  # committed requests admitted (what the two maxima range over)
+    plain_admitted: int = 0  # requests of no stream admitted (which ranks plain requests reach)
+    #: most prompt tokens of volatile tails (rid.is_volatile) admitted while one other
+    #: speculative turn waited: they go after it, so at most one chunk (SGLang's chunked one)
+    volatile_ahead_max: int = 0
     turns_cancelled: int = 0  # stale speculative turns aborted while they waited
 
     def as_dict(self) -> dict[str, int]:
@@ -82,6 +91,8 @@ class StreamScheduling:
     #: rid -> [entered, speculative tokens ahead, newer committed tokens ahead] of committed
     #: requests seen waiting
     waited: dict[str, list[float]] = field(default_factory=dict)
+    #: rid -> volatile-tail tokens admitted ahead, of speculative turns seen waiting
+    spec_waited: dict[str, int] = field(default_factory=dict)
 
     preemption: Preemption | None = None
     host: HostKVPool | None = None
@@ -99,7 +110,9 @@ class StreamScheduling:
         self.policy_name = name
         c = self.counters
         c.speculative_ahead_max = c.newer_committed_ahead_max = c.committed_admitted = 0
+        c.volatile_ahead_max = 0
         self.waited.clear()
+        self.spec_waited.clear()
 
     def configure(self, scheduler: Any) -> None:
         """Once per scheduler: the preemption mode, its cost model and the host KV pool."""
@@ -217,8 +230,9 @@ class StreamScheduling:
     def order_waiting(self, scheduler: Any) -> None:
         """Reorder SGLang's waiting queue by the policy. Under every policy committed work
         (plain requests, final turns) goes before speculative work (prefill turns of contexts
-        not yet final), so SGLang admits speculative turns only with the budget left over;
-        `default` keeps SGLang's order within each class."""
+        not yet final), and volatile tails (rid.is_volatile) after everything, so SGLang admits
+        speculative turns only with the budget left over; `default` keeps SGLang's order
+        within each class."""
         if len(scheduler.waiting_queue) < 2:
             return
         if self.policy_name == "default" and not any(
@@ -228,12 +242,16 @@ class StreamScheduling:
         by_rid = {req.rid: req for req in scheduler.waiting_queue}
         views = [v for v in self.snapshot(scheduler) if v.state == "waiting"]
         order = [v.rid for v in self.policy.order(views)]
+        # volatile tails (update mode: what the last refinement rewrote) go last: they get
+        # only the budget that every other request leaves
+        order = [r for r in order if not is_volatile(r)] + [r for r in order if is_volatile(r)]
         scheduler.waiting_queue[:] = [by_rid[rid] for rid in order if rid in by_rid]
 
     def relieve_kv_pressure(self, scheduler: Any) -> list[str]:
         """Swap waiting streams back in; then preempt idle streams the plan did not pick until
         the planned prefill fits."""
         self.configure(scheduler)
+        self._forget_host_copies(scheduler)
         if not (scheduler.waiting_queue or scheduler.chunked_req):
             return []
         views = self.snapshot(scheduler)
@@ -311,6 +329,9 @@ class StreamScheduling:
         waiting = []
         for req in scheduler.waiting_queue:
             if is_speculative(req.rid):
+                if not is_volatile(req.rid):
+                    self.spec_waited.setdefault(req.rid, 0)
+                    waiting.append(req)
                 continue
             if req.rid not in self.waited:
                 self.waited[req.rid] = [_entered(req, now), 0, 0]
@@ -322,14 +343,24 @@ class StreamScheduling:
         account of those it admitted."""
         batch = getattr(batch, "batch_to_run", batch)  # SGLang returns a NextBatchPlan
         admitted = list(batch.reqs) if batch is not None else []
+        self.counters.plain_admitted += sum(1 for r in admitted if stream_of(r.rid) is None)
         ids = {id(r) for r in admitted}
         spec = sum(r.extend_len for r in admitted if is_speculative(r.rid))
+        volatile = sum(r.extend_len for r in admitted if is_volatile(r.rid))
         committed = [
             (self.waited.get(r.rid, [0.0])[0], r.extend_len)
             for r in admitted
             if not is_speculative(r.rid)
         ]
         for req in waiting:
+            if req.rid in self.spec_waited:  # a speculative turn: volatile work ahead of it
+                if id(req) in ids:
+                    ahead = self.spec_waited.pop(req.rid)
+                    c = self.counters
+                    c.volatile_ahead_max = max(c.volatile_ahead_max, ahead)
+                else:
+                    self.spec_waited[req.rid] += volatile
+                continue
             account = self.waited.get(req.rid)
             if account is None:
                 continue
@@ -342,9 +373,10 @@ class StreamScheduling:
                 continue
             account[1] += spec
             account[2] += sum(n for entered, n in committed if entered > account[0])
-        if len(self.waited) > 4 * len(waiting) + 256:  # aborted while waiting
+        if len(self.waited) + len(self.spec_waited) > 4 * len(waiting) + 256:  # aborted
             keep = {r.rid for r in waiting}
             self.waited = {rid: a for rid, a in self.waited.items() if rid in keep}
+            self.spec_waited = {rid: a for rid, a in self.spec_waited.items() if rid in keep}
 
     def _first_waiting(self, views: list[ReqView]) -> ReqView | None:
         return next((v for v in self.policy.order(views) if v.state == "waiting"), None)
@@ -370,11 +402,8 @@ class StreamScheduling:
     def _swap_in_waiting(self, scheduler: Any, head_rid: str | None) -> None:
         """Restore the host KV of streams whose next turn waits: the policy's next admission
         (evicting LRU cache if needed), others only into free KV (no thrashing of victims).
-        Forget closed streams' copies."""
+        """
         assert self.host is not None
-        for sid in list(self.host.entries):
-            if scheduler.session_controller.get(sid) is None:
-                self.host.drop(sid)
         allocator = scheduler.token_to_kv_pool_allocator
         for req in list(scheduler.waiting_queue):
             sid = stream_of(req.rid)
@@ -386,6 +415,25 @@ class StreamScheduling:
             self.counters.tokens_swapped_in += result.restored
             self.counters.tokens_swap_reused += result.reused
             self.counters.swap_in_dropped += int(result.dropped)
+
+    def _forget_host_copies(self, scheduler: Any) -> None:
+        """Drop the host copies nobody will swap in: of streams that closed, and of streams
+        that hold a session slot again (their turn was admitted without the copy, and
+        recomputed). Runs every scheduler step, so a closed stream's copy goes at once. Such
+        a preemption was in effect a recompute one, and is counted so."""
+        if self.host is None or not self.host.entries:
+            return
+        slots = scheduler.tree_cache.session.slots
+        for sid in list(self.host.entries):
+            slot = slots.get(sid)
+            regained = slot is not None and slot.kv.holds_kv
+            if regained or scheduler.session_controller.get(sid) is None:
+                size = self.host.drop(sid)
+                self.counters.swap_copies_unused += 1
+                self.counters.preemptions_swap -= 1
+                self.counters.preemptions_recompute += 1
+                self.counters.tokens_swapped_out -= size
+                self.counters.tokens_preempted += size
 
     def _count_metric(self, mode: str, tokens: int) -> None:
         if self._metrics is not None:
@@ -406,10 +454,21 @@ class StreamScheduling:
             "host_copies": len(self.host.entries) if self.host is not None else 0,
         }
         if scheduler is not None:
+            from sglang.srt.runtime_context import get_parallel
+
             slots = getattr(getattr(scheduler.tree_cache, "session", None), "slots", {})
             state["open_sessions"] = len(scheduler.session_controller.sessions)
             state["session_slots"] = len(slots)
+            # data parallel: this scheduler's rank, and the streams whose turns reached it
+            # (stream ids: a session key is the stream id, a dot, 16 random hex digits)
+            state["dp_rank"] = get_parallel().dp_rank or 0
+            seen = [key.rpartition(".")[0] for key in list(self.streams)[-SEEN_STREAMS:]]
+            state["turn_streams"] = seen
         return state
+
+
+#: most stream ids `export` lists in `turn_streams` (the latest)
+SEEN_STREAMS = 256
 
 
 def _entered(req: Any, now: float) -> float:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
+
+from tests.helpers import StreamCalls
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -62,7 +65,9 @@ def no_stream_left_behind():
 def engine():
     """The real SGLang engine on CPU (embedded model, float32) with streams, once per session.
 
-    SGLang's strict idle memory check is on: a leaked KV slot fails the engine.
+    SGLang's strict idle memory check is on: KV that no request, cache node or session holds
+    fails the engine. It counts a session's KV as held, so a stream left open (a leaked slot)
+    is caught by `no_stream_left_behind`, not by it.
     """
     os.environ["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"
     from s2l_sglang.stream.engine import StreamEngine
@@ -73,6 +78,48 @@ def engine():
     yield eng
     _LIVE.pop("engine", None)
     eng.shutdown()
+
+
+@contextlib.contextmanager
+def serving(extra_argv: list[str], timeout_s: float = 300, env: dict | None = None):
+    """`s2l serve` on a free loopback port with `--api-key API_KEY` and `extra_argv`, until the
+    block ends (SGLang's strict idle memory check on; `env`: more environment); yields its URL
+    once healthy."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import requests
+
+    port = _free_port()
+    argv = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--max-total-tokens", "16384", "--log-level", "error"]
+    argv += ["--api-key", API_KEY, *extra_argv]
+    env = dict(os.environ, SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1", **(env or {}))
+    proc = subprocess.Popen(argv, start_new_session=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"s2l serve exited with {proc.returncode}")
+            try:
+                headers = {"Authorization": f"Bearer {API_KEY}"}
+                if requests.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"s2l serve did not become healthy in {timeout_s:g} s")
+            time.sleep(1)
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _free_port() -> int:
@@ -86,10 +133,12 @@ def _free_port() -> int:
 API_KEY = "s2l-test-key"
 
 
-class Server:
+class Server(StreamCalls):
+    """The test server: its URL, API key, and the tokens of the streams tests opened on it."""
+
     def __init__(self, url: str, api_key: str):
-        self.url, self.api_key = url, api_key
-        self.headers = {"Authorization": f"Bearer {api_key}"}
+        super().__init__(url, {"Authorization": f"Bearer {api_key}"})
+        self.api_key = api_key
 
 
 @pytest.fixture(scope="session")
@@ -105,41 +154,10 @@ def server_url():
     Started with `--api-key API_KEY`, a 3 s stream idle timeout and `--preemption recompute`
     (our flags: tests check that they reach the routes and the scheduler).
     """
-    import subprocess
-    import sys
-    import time
-
-    import requests
-
-    port = _free_port()
-    argv = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", "127.0.0.1"]
-    argv += ["--port", str(port), "--max-total-tokens", "16384", "--log-level", "error"]
-    argv += ["--api-key", API_KEY, "--stream-idle-timeout", "3", "--preemption", "recompute"]
-    env = dict(os.environ, SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
-    proc = subprocess.Popen(argv, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"s2l serve exited with {proc.returncode}")
-            try:
-                headers = {"Authorization": f"Bearer {API_KEY}"}
-                if requests.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("s2l serve did not become healthy in 300 s")
-            time.sleep(1)
+    extra = ["--stream-idle-timeout", "3", "--preemption", "recompute"]
+    with serving(extra) as url:
         _LIVE["server"] = url
-        yield url
-    finally:
-        _LIVE.pop("server", None)
-        import signal
-
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
+            yield url
+        finally:
+            _LIVE.pop("server", None)

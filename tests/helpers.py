@@ -53,3 +53,41 @@ def build_tiny_llama(path: Path, add_bos: bool = False) -> Path:
     )
     LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
     return path
+
+
+class StreamCalls:
+    """HTTP calls on the stream routes as a client makes them: the `stream_token` of each
+    stream opened through this object goes with that stream's later calls (X-Stream-Token)."""
+
+    def __init__(self, url: str, headers: dict[str, str] | None = None):
+        self.url = url
+        self.headers = dict(headers or {})
+        self.tokens: dict[str, str] = {}
+
+    def for_stream(self, sid: str | None) -> dict[str, str]:
+        """The base headers plus stream `sid`'s token, if it was opened here."""
+        token = self.tokens.get(sid) if isinstance(sid, str) else None
+        return {**self.headers, "X-Stream-Token": token} if token else dict(self.headers)
+
+    def post(self, route: str, body=None, raw: bytes | None = None, headers=None, **kw):
+        """POST a JSON body (or `raw` bytes); `headers` replaces the base headers and token."""
+        import orjson
+        import requests
+
+        data = raw if raw is not None else orjson.dumps(body)
+        sid = body.get("stream_id") if isinstance(body, dict) else None
+        hdrs = dict(self.for_stream(sid) if headers is None else headers)
+        hdrs.setdefault("Content-Type", "application/json")
+        kw.setdefault("timeout", 600)
+        resp = requests.post(f"{self.url}{route}", data=data, headers=hdrs, **kw)
+        if route == "/stream/open" and resp.status_code == 200:
+            answer = resp.json()
+            self.tokens[answer["stream_id"]] = answer["stream_token"]
+        return resp
+
+    def status(self, sid: str, **kw):
+        """GET /stream/{sid} with the stream's token."""
+        import requests
+
+        kw.setdefault("timeout", 60)
+        return requests.get(f"{self.url}/stream/{sid}", headers=self.for_stream(sid), **kw)

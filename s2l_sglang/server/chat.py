@@ -2,6 +2,8 @@
 
     POST /stream/v1/chat/completions   an OpenAI chat completion request with "stream_id" (an
                                        unmodified `openai` client passes it in `extra_body`)
+                                       and the stream's token in the X-Stream-Token header
+                                       (`extra_headers`)
 
 A chat stream's context ids are SGLang's chat template over its messages
 (`OpenAIServingChat._convert_to_internal_request`, what `/v1/chat/completions` runs; nothing of
@@ -26,6 +28,7 @@ import orjson
 
 from s2l_sglang.rid import final_rid
 from s2l_sglang.stream.errors import StreamError
+from s2l_sglang.stream.isolation import TOKEN_HEADER
 
 
 @dataclass
@@ -158,6 +161,7 @@ async def chat_completions(raw_request: Any, parse, manager) -> Any:
             raise BadChatRequest("field 'messages' must be a list", sid)
         if body.get("n", 1) not in (1, None):
             raise BadChatRequest("a stream generates one choice (n = 1)", sid)
+        manager.authorize(sid, raw_request.headers.get(TOKEN_HEADER))  # 404, 409, 403
         stream_messages = manager.reserve_chat_finish(sid)  # 404 unknown, 400 not a chat stream
     except StreamError as exc:
         if exc.stream_id is None:
@@ -170,7 +174,7 @@ async def chat_completions(raw_request: Any, parse, manager) -> Any:
     except ValidationError as exc:
         manager.release_chat_finish(sid)
         return _error(BadChatRequest(f"invalid chat completion request: {exc}", sid))
-    rid = final_rid(sid, manager.streams[sid].generations)
+    rid = final_rid(manager.session_key(sid), manager.streams[sid].generations)
     request.rid = rid
     claim = Claim(sid, t_finish, keep_open)
     _claims[rid] = claim

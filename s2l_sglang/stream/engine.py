@@ -27,6 +27,7 @@ class StreamEngine:
         preemption: str = "auto",
         host_kv_tokens: int | None = None,
         speculative_chunk: int = 512,
+        hold_back: bool = True,
         **engine_kwargs: Any,
     ):
         """`stream_policy`: the scheduler's stream policy (`default`, `fcfs`, `lcas`, `mcps`;
@@ -35,7 +36,8 @@ class StreamEngine:
         `recompute`; `swap`). `host_kv_tokens`: the host pool for swapped KV (default: the
         device pool's size). `idle_timeout`: seconds before a quiet stream is aborted (None:
         never). `speculative_chunk`: most new tokens per prefill turn of a context not yet
-        final (a final context waits behind at most one). A bad value is a ValueError here, before anything starts. Other arguments go to
+        final (a final context waits behind at most one). `hold_back`: in update mode, the
+        tail a refinement rewrote is prefilled only at the lowest priority. A bad value is a ValueError here, before anything starts. Other arguments go to
         `sgl.Engine` (the embedded model and CPU defaults unless overridden)."""
         import sglang as sgl
 
@@ -48,6 +50,7 @@ class StreamEngine:
             host_kv_tokens=host_kv_tokens,
             stream_idle_timeout=idle_timeout,
             speculative_chunk=speculative_chunk,
+            hold_back=hold_back,
         )
         kwargs = default_kwargs(**engine_kwargs)
         kwargs.setdefault("log_level", "error")  # as sgl.Engine does for keyword arguments

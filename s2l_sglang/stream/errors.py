@@ -67,3 +67,48 @@ class ChatStreamCall(StreamError):
 
 class InvalidMessages(StreamError):
     status, code = 400, "invalid_messages"
+
+
+class Forbidden(StreamError):
+    """An HTTP call on a stream without the stream's token (stream/isolation.py)."""
+
+    status, code = 403, "forbidden"
+
+
+class InvalidSamplingParams(StreamError):
+    """Sampling parameters SGLang would refuse (checked at open and at finish)."""
+
+    status, code = 400, "invalid_sampling_params"
+
+
+class InvalidStreamId(StreamError):
+    """A stream id every route cannot address (see `manager.STREAM_ID`)."""
+
+    status, code = 400, "invalid_stream_id"
+
+
+class ReaderStalled(StreamError):
+    """The finish's reader took no output for the idle timeout: the stream was aborted."""
+
+    status, code = 408, "reader_stalled"
+
+
+class EngineError(StreamError):
+    """The engine refused or failed a turn for a reason of its own (overload, a timeout, an
+    internal error); `status` is the engine's own where it gave one (SGLang's 503s)."""
+
+    status, code = 500, "engine_error"
+
+
+def engine_error(exc: BaseException, sid: str | None) -> StreamError:
+    """A typed stream error for an exception raised by SGLang during a turn."""
+    if isinstance(exc, StreamError):
+        exc.stream_id = sid  # raised below the manager, it may name the internal session key
+        return exc
+    if isinstance(exc, ValueError):  # SGLang's validation errors (e.g. a context too long)
+        return StreamError(str(exc), sid)
+    err = EngineError(f"{type(exc).__name__}: {getattr(exc, 'detail', None) or exc}", sid)
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and 400 <= status < 600:
+        err.status = status
+    return err

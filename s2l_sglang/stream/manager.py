@@ -19,29 +19,38 @@ between turns (it is not evictable by LRU while the stream lives).
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
+import re
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from s2l_sglang.config import StreamConfig
-from s2l_sglang.rid import CANCELLED, final_rid, is_final, turn_rid
+from s2l_sglang.rid import CANCELLED, final_rid, is_final, is_volatile, turn_rid, volatile_rid
+from s2l_sglang.stream import isolation
 from s2l_sglang.stream.chat import ChatContext, chat_context
 from s2l_sglang.stream.errors import (
     ChatStreamCall,
     ContextTooLong,
     DuplicateStream,
     EmptyChunk,
+    EngineError,
+    Forbidden,
     InvalidMessages,
+    InvalidStreamId,
     InvalidTokenIds,
     MixedInput,
     NotAChatStream,
+    ReaderStalled,
     StreamClosed,
     StreamError,
     UnknownStream,
+    engine_error,
 )
+from s2l_sglang.stream.params import check_sampling_params
 from s2l_sglang.stream.tokens import (
     Anchor,
     Turn,
@@ -52,6 +61,15 @@ from s2l_sglang.stream.tokens import (
 )
 
 PREFILL_ONLY = {"max_new_tokens": 0}
+#: stream ids every route can address: URL-safe characters only (`GET /stream/{id}` takes one
+#: path segment), no "::" (turn rids are `<sid>::s2l<n>`, rid.py)
+STREAM_ID = re.compile(r"[A-Za-z0-9._~-]{1,128}")
+#: outputs of a finish buffered for its reader; a reader that takes none for the idle timeout
+#: (60 s without one) is dropped and the stream aborted
+OUTPUT_QUEUE = 64
+STALLED_READER_S = 60.0
+#: text longer than this (characters to tokenize) is tokenized off the event loop
+OFF_LOOP_CHARS = 1 << 16
 #: a prefill turn in flight is cancelled when a newer context drops more of it than this
 CANCEL_MIN_TOKENS = 16
 logger = logging.getLogger(__name__)
@@ -66,6 +84,11 @@ class StreamCounters:
     invalidated: int = 0  # held tokens dropped by rollbacks (update, token re-alignment)
     speculative: int = 0  # of `prefilled`: by prefill turns of a context not yet final
     cancelled: int = 0  # new tokens of prefill turns cancelled: a newer context dropped them
+    #: new tokens of a prefill turn still queued at the finish, cancelled so that the final
+    #: turn (committed work) carries them instead of waiting behind it
+    promoted: int = 0
+    #: of `speculative`: prefilled by turns of a volatile tail, at the lowest priority
+    held_back: int = 0
 
     def add(self, other: StreamCounters) -> None:
         for name in self.__dataclass_fields__:
@@ -75,6 +98,16 @@ class StreamCounters:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
+class State(enum.Enum):
+    """A stream's lifecycle: OPEN (chunks go in) -> FINISHING (the context is final; the final
+    turn runs) -> CLOSED (session closed, KV freed), or back to OPEN after a finish that keeps
+    the stream open. Every end goes through `StreamManager._close`."""
+
+    OPEN = "open"
+    FINISHING = "finishing"
+    CLOSED = "closed"
+
+
 @dataclass
 class Stream:
     """One stream as the manager sees it. `held` mirrors the tokens whose KV the session holds."""
@@ -82,6 +115,12 @@ class Stream:
     sid: str
     sampling_params: dict[str, Any]
     opened_at: float
+    #: the SGLang session's id: not the stream id, not guessable (stream/isolation.py)
+    key: str = ""
+    #: what an HTTP call on the stream must carry (X-Stream-Token), returned by open
+    token: str = ""
+    #: data parallel (`--dp-size N`): the rank all turns of the stream go to, chosen at open
+    dp_rank: int | None = None
     text: str = ""  # the context after `history`, for a stream of text chunks
     ids: list[int] = field(default_factory=list)  # history + the ids of the chunks since
     kind: str | None = None  # "text" or "ids": set by the first chunk, never mixed
@@ -99,16 +138,32 @@ class Stream:
     inflight_target: list[int] | None = None  # the ids the engine holds once that turn ends
     inflight_keep: int = 0  # of which held before it
     cancelled_rid: str | None = None  # a prefill turn aborted because the context moved on
-    finishing: bool = False
-    closed: bool = False
+    cancel_for_final: bool = False  # ... or because the stream is finishing (`promoted`)
+    #: update mode: ids from here on are the volatile tail (what the last update rewrote)
+    volatile_from: int | None = None
+    state: State = State.OPEN
+    final_task: asyncio.Task | None = None  # the final turn, owned by the manager
+    #: set when the stream closes (a connection waiting on the stream learns it at once)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    #: held while a text chunk is tokenized (off the loop for long ones): chunks apply in
+    #: call order
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     error: StreamError | None = None
     counters: StreamCounters = field(default_factory=StreamCounters)
     #: a chat stream's messages (`text` is the context message's content); None otherwise
     chat: ChatContext | None = None
 
     @property
+    def finishing(self) -> bool:
+        return self.state is State.FINISHING
+
+    @property
+    def closed(self) -> bool:
+        return self.state is State.CLOSED
+
+    @property
     def complete(self) -> bool:
-        return self.finishing
+        return self.state is State.FINISHING
 
 
 class StreamManager:
@@ -143,6 +198,7 @@ class StreamManager:
         # splits a text in pieces as it splits the whole (checked once on a sample).
         self._incremental = incremental_tokenization_works(self.tokenizer)
         self._tasks: set[asyncio.Task] = set()
+        self._opening: Counter[int] = Counter()  # data parallel: streams opening, by rank
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -156,11 +212,12 @@ class StreamManager:
         """Open a stream; `text` (or `input_ids`) is an optional first chunk. Returns the
         stream's status. A stream's chunks are all text or all token ids."""
         self._check_new(sid)
+        params = self._check_params(sampling_params, sid)
         kind, chunk = self._chunk(sid, text, input_ids)
-        stream = await self._new_stream(sid, sampling_params)
+        stream = await self._new_stream(sid, params)
         if chunk:
             await self._extend(stream, kind, chunk)
-        return self.status(sid)
+        return {**self.status(sid), "stream_token": stream.token}
 
     async def open_chat(
         self,
@@ -187,7 +244,7 @@ class StreamManager:
         stream.chat, stream.kind = chat, "text"
         async with chat.lock:
             await self._set_context(stream, ids, text=text, chunk=bool(text))
-        return self.status(sid)
+        return {**self.status(sid), "stream_token": stream.token}
 
     async def append(self, sid: str, text: str = "", input_ids: list[int] | None = None) -> dict:
         """Add `text` (or `input_ids`) at the end of the stream's context; returns at once
@@ -209,14 +266,17 @@ class StreamManager:
         if not chunk:
             raise EmptyChunk("empty chunk: update needs the refined context", sid)
         if stream.chat is not None:  # replaces the context message's content
-            await self._set_chat_text(stream, kind, lambda old: chunk)
+            await self._set_chat_text(stream, kind, lambda old: chunk, replaced=True)
             return self.status(sid)
         self._set_kind(stream, kind)
         if kind == "ids":
-            await self._set_context(stream, stream.history + list(chunk))
-        else:
-            ids = self._tokenize_context(stream, chunk, appended=False)
-            await self._set_context(stream, ids, text=chunk)
+            await self._set_context(stream, stream.history + list(chunk), replaced=True)
+            return self.status(sid)
+        async with stream.lock:
+            self._still_open(stream)
+            ids = await self._tokenized(stream, chunk, appended=False)
+            self._still_open(stream)
+            await self._set_context(stream, ids, text=chunk, replaced=True)
         return self.status(sid)
 
     async def finish(
@@ -243,18 +303,22 @@ class StreamManager:
                 "(POST /stream/v1/chat/completions)",
                 sid,
             )
+        params = self._check_params({**stream.sampling_params, **(sampling_params or {})}, sid)
         kind, chunk = self._chunk(sid, text, input_ids)
         t_finish = time.perf_counter()
         if chunk:
             await self._extend(stream, kind, chunk, start_pump=False)
+        if not stream.ids:  # the stream stays open: a finish with a chunk can follow
+            raise EmptyChunk("cannot finish a stream with an empty context", sid)
         if stream.history and len(stream.ids) == len(stream.history):
             raise EmptyChunk(
                 "after a generating turn, finish needs new input (a tool result, a question)", sid
             )
-        stream.finishing = True
+        stream.state = State.FINISHING
+        self._promote_inflight(stream)
         if stream.kind == "text" and stream.anchor.chars > 0:
             await self._check_incremental(stream)
-        return self._generate(stream, t_finish, sampling_params, keep_open)
+        return self._generate(stream, t_finish, params, keep_open)
 
     def reserve_chat_finish(self, sid: str) -> list[dict[str, Any]]:
         """Start finishing a chat stream: no more chunks. Returns its messages with the context
@@ -268,14 +332,15 @@ class StreamManager:
                 "(finish it with POST /stream/finish)",
                 sid,
             )
-        stream.finishing = True  # the pump stops after the turn in flight
+        stream.state = State.FINISHING  # the pump stops after the turn in flight
+        self._promote_inflight(stream)
         return stream.chat.filled(stream.text)
 
     def release_chat_finish(self, sid: str) -> None:
         """The finish reserved by `reserve_chat_finish` did not start: the stream goes on."""
         stream = self.streams.get(sid)
         if stream is not None and not stream.closed and stream.finishing:
-            stream.finishing = False
+            stream.state = State.OPEN
             stream.last_activity = time.monotonic()
             if stream.ids != stream.held and (stream.pump is None or stream.pump.done()):
                 stream.pump = asyncio.ensure_future(self._pump(stream))
@@ -333,6 +398,33 @@ class StreamManager:
                 raise TimeoutError(f"the scheduler did not switch to policy {name!r}")
             await asyncio.sleep(0.02)
 
+    def authorize(self, sid: str, token: str | None) -> None:
+        """An HTTP call on stream `sid` must carry its token (returned by open): Forbidden
+        (403) otherwise; UnknownStream / StreamClosed for a stream that is not live."""
+        stream = self.streams.get(sid)
+        if stream is None:
+            self._raise_missing(sid)
+        if not isolation.token_matches(stream.token, token):
+            raise Forbidden(
+                f"stream {sid!r}: missing or wrong {isolation.TOKEN_HEADER} "
+                "(the stream_token its open returned)",
+                sid,
+            )
+
+    async def wait_closed(self, sid: str) -> str:
+        """Wait until stream `sid` has ended; returns how it ended."""
+        stream = self.streams.get(sid)
+        if stream is not None:
+            await stream.ended.wait()
+        return self._ended.get(sid, "ended")
+
+    def session_key(self, sid: str) -> str:
+        """The SGLang session id of live stream `sid` (for the chat finish's rid)."""
+        stream = self.streams.get(sid)
+        if stream is None:
+            self._raise_missing(sid)
+        return stream.key
+
     def status(self, sid: str) -> dict:
         stream = self.streams.get(sid)
         if stream is None:
@@ -343,6 +435,7 @@ class StreamManager:
             "held_tokens": len(stream.held),
             "history_tokens": len(stream.history),
             "complete": stream.complete,
+            "dp_rank": stream.dp_rank,
             **stream.counters.as_dict(),
         }
 
@@ -361,10 +454,23 @@ class StreamManager:
     # ---- internals --------------------------------------------------------------------------
 
     def _check_new(self, sid: str) -> None:
-        if not isinstance(sid, str) or not sid or "::" in sid:
-            raise StreamError(f"invalid stream id {sid!r}", sid)
+        if not isinstance(sid, str) or not STREAM_ID.fullmatch(sid):
+            raise InvalidStreamId(
+                f"invalid stream id {sid!r}: 1 to 128 of A-Z a-z 0-9 . _ ~ -",
+                sid if isinstance(sid, str) else None,
+            )
         if sid in self.streams or sid in self._ended:
             raise DuplicateStream(f"stream {sid!r} already exists", sid)
+
+    def _check_params(self, params: Any, sid: str) -> dict[str, Any]:
+        """Sampling parameters checked with SGLang's own class, before any engine work."""
+        return check_sampling_params(
+            params,
+            self.tm.sampling_params_class,
+            self.tokenizer,
+            int(self.tm.model_config.vocab_size),
+            sid,
+        )
 
     async def _new_stream(self, sid: str, sampling_params: dict[str, Any] | None) -> Stream:
         """Open the stream's streaming session and register the stream."""
@@ -372,15 +478,63 @@ class StreamManager:
         self._ensure_reaper()
         from sglang.srt.managers.io_struct import OpenSessionReqInput
 
-        result = await self.tm.open_session(
-            OpenSessionReqInput(capacity_of_str_len=1 << 30, session_id=sid, streaming=True)
-        )
-        if result is None:  # a session of that id is being opened concurrently
+        key = isolation.new_key(sid)
+        isolation.live_keys.add(key)
+        rank = self._choose_rank()  # before the wait: streams opening meanwhile count too
+        if rank is not None:
+            self._opening[rank] += 1
+        try:
+            result = await self.tm.open_session(
+                OpenSessionReqInput(capacity_of_str_len=1 << 30, session_id=key, streaming=True)
+            )
+        except BaseException:  # cancelled or failed: a session may be open, close it
+            await self._close_session(key)
+            raise
+        finally:
+            if rank is not None:
+                self._opening[rank] -= 1
+        if result is None or sid in self.streams:  # the same id opened concurrently
+            await self._close_session(key)
             raise DuplicateStream(f"stream {sid!r} already exists", sid)
         now = time.monotonic()
-        stream = Stream(sid, dict(sampling_params or {}), now, last_activity=now)
+        stream = Stream(sid, dict(sampling_params or {}), now, key=key, last_activity=now)
+        stream.token = isolation.new_token()
+        stream.dp_rank = rank
         self.streams[sid] = stream
         return stream
+
+    def _choose_rank(self) -> int | None:
+        """With data parallelism (`--dp-size N`, no DP attention): the rank a new stream's
+        turns all go to (`routed_dp_rank`; SGLang opens and closes a session on every rank).
+        The rank with the fewest streams of ours (each pins KV between turns), then the fewest
+        running and waiting requests (SGLang's load snapshots). None without DP."""
+        args = getattr(self.tm, "server_args", None)
+        ranks = int(getattr(args, "dp_size", 1) or 1)
+        if ranks <= 1 or getattr(args, "enable_dp_attention", False):
+            return None
+        mine = [self._opening[r] for r in range(ranks)]
+        for other in self.streams.values():
+            if other.dp_rank is not None and other.dp_rank < ranks:
+                mine[other.dp_rank] += 1
+        busy = [0] * ranks
+        try:
+            for load in self.tm.load_snapshot_reader.read_all():
+                if 0 <= load.dp_rank < ranks:
+                    busy[load.dp_rank] = load.num_running_reqs + load.num_waiting_reqs
+        except Exception:  # no snapshots (yet): by our own streams alone
+            logger.debug("no DP load snapshots", exc_info=True)
+        return min(range(ranks), key=lambda r: (mine[r], busy[r], r))
+
+    async def _close_session(self, key: str) -> None:
+        """Close SGLang session `key` (deferred by SGLang until a turn in flight ends)."""
+        from sglang.srt.managers.io_struct import CloseSessionReqInput
+
+        isolation.closing.add(key)
+        try:
+            await self.tm.close_session(CloseSessionReqInput(session_id=key))
+        finally:
+            isolation.closing.discard(key)
+            isolation.live_keys.discard(key)
 
     async def _render(self, sid: str, chat: ChatContext, text: str) -> list[int]:
         """A chat stream's context ids: SGLang's chat template over the messages with the
@@ -394,7 +548,9 @@ class StreamManager:
                 f"the chat template cannot render the messages: {exc}", sid
             ) from exc
 
-    async def _set_chat_text(self, stream: Stream, kind: str, new_text) -> None:
+    async def _set_chat_text(
+        self, stream: Stream, kind: str, new_text, replaced: bool = False
+    ) -> None:
         """Set a chat stream's context message content to `new_text(old)` and re-render."""
         if kind != "text":
             raise ChatStreamCall("a chat stream takes text chunks, not input_ids", stream.sid)
@@ -406,7 +562,7 @@ class StreamManager:
             ids = await self._render(stream.sid, stream.chat, text)
             if stream.closed or stream.finishing:  # finished or aborted meanwhile
                 self._live(stream.sid)
-            await self._set_context(stream, ids, text=text)
+            await self._set_context(stream, ids, text=text, replaced=replaced)
 
     def _live(self, sid: str) -> Stream:
         stream = self.streams.get(sid)
@@ -465,10 +621,28 @@ class StreamManager:
         self._set_kind(stream, kind)
         if kind == "ids":
             await self._set_context(stream, stream.ids + list(chunk), start_pump=start_pump)
-        else:
+            return
+        async with stream.lock:
+            self._still_open(stream)
             text = stream.text + chunk
-            ids = self._tokenize_context(stream, text)
+            ids = await self._tokenized(stream, text)
+            self._still_open(stream)
             await self._set_context(stream, ids, text=text, start_pump=start_pump)
+
+    def _still_open(self, stream: Stream) -> None:
+        """After a wait: the stream may have been finished or closed meanwhile (raises)."""
+        if stream.state is not State.OPEN:
+            if stream.closed:
+                self._raise_missing(stream.sid)
+            raise StreamClosed(f"stream {stream.sid!r} is finished: no more chunks", stream.sid)
+
+    async def _tokenized(self, stream: Stream, text: str, appended: bool = True) -> list[int]:
+        """`_tokenize_context`, off the event loop when there is much to tokenize (a 1 MB
+        chunk takes about a second: other streams and /health would wait that long)."""
+        todo = len(text) - (stream.anchor.chars if appended and self._incremental else 0)
+        if todo < OFF_LOOP_CHARS:
+            return self._tokenize_context(stream, text, appended)
+        return await asyncio.to_thread(self._tokenize_context, stream, text, appended)
 
     async def _set_context(
         self,
@@ -477,9 +651,13 @@ class StreamManager:
         text: str = "",
         start_pump: bool = True,
         chunk: bool = True,
+        replaced: bool = False,
     ) -> None:
-        """The stream's context is now `ids` (of `text`, for a text stream); the pump sends it."""
+        """The stream's context is now `ids` (of `text`, for a text stream); the pump sends it.
+        `replaced`: an update; what it rewrote of the previous version is the volatile tail."""
         await self._check_length(stream, len(ids))
+        if replaced and self.config.hold_back:
+            stream.volatile_from = lcp(stream.ids, ids)
         stream.text, stream.ids = text, ids
         stream.counters.chunks += int(chunk)
         stream.last_chunk_at = time.monotonic()
@@ -509,10 +687,23 @@ class StreamManager:
         new = len(target) - stream.inflight_keep
         lost = len(target) - max(lcp(target, stream.ids), stream.inflight_keep)
         if lost > CANCEL_MIN_TOKENS and 2 * lost >= new:
-            stream.cancelled_rid = rid
-            task = asyncio.ensure_future(self._send_cancel(stream, rid))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._cancel(stream, rid, for_final=False)
+
+    def _promote_inflight(self, stream: Stream) -> None:
+        """At the finish: a prefill turn still queued is speculative work, ordered after all
+        committed work; the final turn would wait behind it. It is cancelled instead (only
+        while it waits without the session's KV: nothing of it was computed), and the final
+        turn, committed work, carries its tokens. One that already runs is awaited: at most
+        one speculative chunk."""
+        rid = stream.inflight_rid
+        if rid is not None and not is_final(rid) and stream.cancelled_rid != rid:
+            self._cancel(stream, rid, for_final=True)
+
+    def _cancel(self, stream: Stream, rid: str, for_final: bool) -> None:
+        stream.cancelled_rid, stream.cancel_for_final = rid, for_final
+        task = asyncio.ensure_future(self._send_cancel(stream, rid))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _send_cancel(self, stream: Stream, rid: str) -> None:
         """Send `CancelStaleTurnReq` once SGLang's tokenizer manager has the turn (it registers
@@ -585,16 +776,34 @@ class StreamManager:
                 plan = next_turn(stream.held, stream.ids, self.page_size)
                 if plan is None:
                     return
+                plan, volatile = self._hold_back(stream, plan)
                 cap = self.config.speculative_chunk
                 if len(plan.delta) > cap:  # preemptible between turns: see speculative_chunk
                     cap = max(cap - cap % self.page_size, self.page_size)  # whole pages
                     plan = plan._replace(delta=plan.delta[:cap])
-                await self._turn(
-                    stream, plan, PREFILL_ONLY, turn_rid(stream.sid, stream.counters.turns)
-                )
-        except StreamError as exc:  # a failed turn ends the stream: its KV is freed at once
-            stream.error = exc
-            await self._close(stream, f"aborted: {exc}")
+                n = stream.counters.turns
+                rid = volatile_rid(stream.key, n) if volatile else turn_rid(stream.key, n)
+                await self._turn(stream, plan, PREFILL_ONLY, rid)
+        except Exception as exc:  # a failed turn ends the stream: its KV is freed at once
+            stream.error = engine_error(exc, stream.sid)
+            await self._close(stream, f"aborted: {stream.error}")
+
+    def _hold_back(self, stream: Stream, plan: Turn) -> tuple[Turn, bool]:
+        """Update mode: a turn sends the stable prefix (shared with the version before) first,
+        at speculative priority; the volatile tail after it goes as its own turns, marked for
+        the lowest priority (rid.volatile_rid): prefilled only with budget nobody else wants,
+        and cancelled rather than finished if a newer version drops it. Returns the turn and
+        whether it is volatile."""
+        start = stream.volatile_from
+        if start is None:
+            return plan, False
+        cut = start - plan.keep
+        cut -= cut % self.page_size
+        if cut <= 0:
+            return plan, True
+        if cut < len(plan.delta):
+            plan = plan._replace(delta=plan.delta[:cut])
+        return plan, False
 
     async def _turn(
         self, stream: Stream, plan: Turn, sampling_params: dict, rid: str, sink=None, base=None
@@ -603,7 +812,7 @@ class StreamManager:
         to send as this turn instead of a fresh one (its other options are kept)."""
         from sglang.srt.managers.io_struct import GenerateReqInput
 
-        session_params: dict[str, Any] = {"id": stream.sid}
+        session_params: dict[str, Any] = {"id": stream.key}
         if plan.rollback:
             session_params.update(replace=True, offset=plan.keep)
         fields = dict(
@@ -613,6 +822,8 @@ class StreamManager:
             session_params=session_params,
             stream=sink is not None,
         )
+        if stream.dp_rank is not None:  # data parallel: the rank that holds the session's KV
+            fields["routed_dp_rank"] = stream.dp_rank
         if base is None:
             obj = GenerateReqInput(**fields)
         else:
@@ -625,6 +836,8 @@ class StreamManager:
         stream.inflight_keep = plan.keep
         stream.counters.turns += 1
         out: dict = {}
+        ended = False
+        isolation.own_rids.add(rid)
         try:
             if self.final_outputs is not None and is_final(rid):
                 outputs = self.final_outputs(obj, target)
@@ -633,9 +846,13 @@ class StreamManager:
             async for out in outputs:
                 if sink is not None:
                     await sink(out)
-        except ValueError as exc:  # SGLang's validation errors (e.g. too long)
-            raise StreamError(str(exc), stream.sid) from exc
+            ended = True
+        except Exception as exc:  # SGLang's errors (400s, 503s) and ours (a stalled reader)
+            raise engine_error(exc, stream.sid) from exc
         finally:
+            isolation.own_rids.discard(rid)
+            if not ended:  # an error or a cancel here: the engine stops the turn too
+                self.tm.abort_request(rid=rid)
             stream.inflight_rid, stream.inflight_target = None, None
             stream.last_activity = time.monotonic()  # the idle clock starts when engine work ends
         meta = out.get("meta_info", {})
@@ -643,7 +860,11 @@ class StreamManager:
         if reason.get("type") == "abort":
             if stream.cancelled_rid == rid and reason.get("message") == CANCELLED:
                 return self._cancelled(stream, plan)
-            raise StreamError(f"turn aborted: {reason.get('message', '')}", stream.sid)
+            err = StreamError(f"turn aborted: {reason.get('message', '')}", stream.sid)
+            if isinstance(reason.get("status_code"), int) and reason["status_code"] >= 500:
+                err = EngineError(str(err), stream.sid)  # overload, timeouts: the engine's
+                err.status = reason["status_code"]
+            raise err
         if stream.cancelled_rid == rid:  # it ended before the abort reached it
             stream.cancelled_rid = None
         invalidated = len(stream.held) - plan.keep
@@ -652,6 +873,8 @@ class StreamManager:
         delta = StreamCounters(prefilled=prompt - cached, reused=cached, invalidated=invalidated)
         if not is_final(rid):
             delta.speculative = delta.prefilled
+        if is_volatile(rid):
+            delta.held_back = delta.prefilled
         self._count(stream, delta)
         return out
 
@@ -664,7 +887,10 @@ class StreamManager:
         held before the turn, cut to `plan.keep` if the turn rolled it back (done as SGLang
         created the turn's request, before it queued)."""
         stream.cancelled_rid = None
-        delta = StreamCounters(cancelled=len(plan.delta))
+        if stream.cancel_for_final:
+            delta = StreamCounters(promoted=len(plan.delta))
+        else:
+            delta = StreamCounters(cancelled=len(plan.delta))
         if plan.rollback:
             delta.invalidated = len(stream.held) - plan.keep
             stream.held = stream.held[: plan.keep]
@@ -679,8 +905,50 @@ class StreamManager:
         keep_open: bool,
         base: Any = None,
     ) -> AsyncIterator[dict]:
+        """The finish's outputs, read from the final turn's bounded queue. The final turn is a
+        task of the manager's own (`_final`): it releases the stream's KV when generation ends,
+        whatever the reader does; a reader that goes away aborts it."""
         params = dict(stream.sampling_params)
         params.update(sampling_params or {})
+        outputs: asyncio.Queue = asyncio.Queue(maxsize=OUTPUT_QUEUE)
+        task = asyncio.ensure_future(
+            self._final(stream, t_finish, params, keep_open, base, outputs)
+        )
+        stream.final_task = task
+        done = False
+        getter: asyncio.Future | None = None
+        try:
+            while True:
+                getter = asyncio.ensure_future(outputs.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                if outputs.empty():
+                    break
+            done = True
+            task.result()  # re-raise a failed final turn
+        finally:
+            if getter is not None and not getter.done():
+                getter.cancel()
+            if not done and not task.done():  # the reader left: disconnect, cancelled, closed
+                await self._close(stream, "aborted: client disconnected")
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _final(
+        self,
+        stream: Stream,
+        t_finish: float,
+        params: dict,
+        keep_open: bool,
+        base: Any,
+        outputs: asyncio.Queue,
+    ) -> None:
+        """The final turn: waits for the prefill turn in flight, sends the rest of the context
+        with the sampling parameters, and puts each output in `outputs` (the last one carries
+        `meta_info["stream"]`). The session is closed as soon as generation ends."""
         try:
             if stream.pump is not None:
                 await stream.pump  # the turn in flight; the pump stops after it
@@ -692,51 +960,47 @@ class StreamManager:
             if plan.keep < len(stream.history):  # only with page_size > 1
                 raise StreamError("a kept-open stream needs page size 1", stream.sid)
             unprefilled = len(plan.delta)
-            queue: asyncio.Queue = asyncio.Queue()
             first: list[float] = []
+            pending: list[dict] = []  # the latest output: the last one is annotated below
 
             async def sink(out: dict) -> None:
                 if not first and out.get("output_ids"):
                     first.append(time.perf_counter() - t_finish)
-                await queue.put(out)
+                if pending:
+                    await self._put(stream, outputs, pending.pop())
+                pending.append(self._as_stream_output(stream, out))
 
-            turn = asyncio.ensure_future(
-                self._turn(
-                    stream,
-                    plan,
-                    params,
-                    final_rid(stream.sid, stream.generations),
-                    sink=sink,
-                    base=base,
-                )
-            )
-            last: dict = {}
-            while not (turn.done() and queue.empty()):
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getter, turn}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    last = self._as_stream_output(stream, getter.result())
-                    if not (turn.done() and queue.empty()):
-                        yield last
-                else:
-                    getter.cancel()
-            final = turn.result()  # re-raise a failed final turn
+            rid = final_rid(stream.key, stream.generations)
+            final = await self._turn(stream, plan, params, rid, sink=sink, base=base)
             if keep_open:  # before the last output reaches the client, who may go on at once
                 self._keep_open(stream, list(final.get("output_ids") or []))
-            last = dict(last)
-            last.setdefault("meta_info", {})["stream"] = {
+            else:  # generation ended: the KV goes now, not when the reader is done
+                await self._close(stream, "finished")
+            last = dict(pending.pop() if pending else self._as_stream_output(stream, final))
+            last["meta_info"] = dict(last.get("meta_info", {}))
+            last["meta_info"]["stream"] = {
                 "ttft_s": first[0] if first else time.perf_counter() - t_finish,
                 "unprefilled_at_finish": unprefilled,
                 "kept_open": keep_open,
                 **stream.counters.as_dict(),
             }
-            yield last
-            if not keep_open:
-                await self._close(stream, "finished")
-        except BaseException:
+            await self._put(stream, outputs, last)
+        except BaseException as exc:
             if not stream.closed:
-                await self._close(stream, "aborted: finish failed")
+                reason = "reader stalled" if isinstance(exc, ReaderStalled) else "finish failed"
+                await self._close(stream, f"aborted: {reason}")
             raise
+
+    async def _put(self, stream: Stream, outputs: asyncio.Queue, out: dict) -> None:
+        """Hand one output to the finish's reader; a reader that takes nothing for the idle
+        timeout is dropped (ReaderStalled: the final turn is aborted, its KV freed)."""
+        wait = self.idle_timeout if self.idle_timeout is not None else STALLED_READER_S
+        try:
+            await asyncio.wait_for(outputs.put(out), timeout=wait)
+        except TimeoutError:
+            raise ReaderStalled(
+                f"the reader of stream {stream.sid!r} took no output for {wait:g} s", stream.sid
+            ) from None
 
     @staticmethod
     def _keep_open(stream: Stream, output_ids: list[int]) -> None:
@@ -748,7 +1012,8 @@ class StreamManager:
         stream.ids = list(stream.history)
         stream.text = ""
         stream.generations += 1
-        stream.finishing = False
+        stream.volatile_from = None  # the history is fixed: nothing of it is volatile
+        stream.state = State.OPEN
         stream.last_activity = time.monotonic()
 
     @staticmethod
@@ -762,17 +1027,16 @@ class StreamManager:
     async def _close(self, stream: Stream, reason: str) -> None:
         if stream.closed:
             return
-        stream.closed = True
+        stream.state = State.CLOSED
+        stream.ended.set()
         self.streams.pop(stream.sid, None)
         self._ended[stream.sid] = reason
         while len(self._ended) > 100_000:
             self._ended.popitem(last=False)
         if stream.inflight_rid is not None:
             self.tm.abort_request(rid=stream.inflight_rid)
-        from sglang.srt.managers.io_struct import CloseSessionReqInput
-
         # Closing with a turn in flight is deferred by SGLang until that turn ends.
-        await self.tm.close_session(CloseSessionReqInput(session_id=stream.sid))
+        await self._close_session(stream.key)
 
     def _ensure_reaper(self) -> None:
         if self.idle_timeout is None or (self._reaper is not None and not self._reaper.done()):
@@ -791,7 +1055,10 @@ class StreamManager:
             for stream in list(self.streams.values()):
                 quiet = stream.inflight_rid is None and not stream.finishing
                 if quiet and now - stream.last_activity > self.idle_timeout:
-                    await self._close(stream, f"aborted: idle for {self.idle_timeout:g} s")
+                    try:
+                        await self._close(stream, f"aborted: idle for {self.idle_timeout:g} s")
+                    except Exception:  # one failed close must not end the reaping of others
+                        logger.exception("closing idle stream %r failed", stream.sid)
 
 
 def sched_counters_from(states: Any) -> dict | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 
 import openai
-import orjson
 import pytest
 import requests
 
@@ -27,12 +26,14 @@ ARGS = {"model": "default", "temperature": 0, "max_tokens": 16}
 
 
 def post(server, route: str, body: dict) -> requests.Response:
-    return requests.post(
-        f"{server.url}{route}",
-        data=orjson.dumps(body),
-        headers={**server.headers, "Content-Type": "application/json"},
-        timeout=120,
-    )
+    """A stream-route call with the API key and, for a stream opened here, its token."""
+    return server.post(route, body, timeout=120)
+
+
+def token_of(server, sid: str) -> dict[str, str]:
+    """The stream's token header for the `openai` client's `extra_headers` (none if unknown)."""
+    token = server.tokens.get(sid)
+    return {"X-Stream-Token": token} if token else {}
 
 
 def stream_client(server) -> openai.OpenAI:
@@ -47,7 +48,7 @@ def wait_prefilled(server, sid: str, timeout: float = 120) -> dict:
     """The stream's status once its held KV covers its whole context."""
     deadline = time.monotonic() + timeout
     while True:
-        status = requests.get(f"{server.url}/stream/{sid}", headers=server.headers).json()
+        status = server.status(sid).json()
         if status["held_tokens"] == status["context_tokens"] or time.monotonic() > deadline:
             return status
         time.sleep(0.1)
@@ -75,7 +76,10 @@ def test_chat_stream_finished_with_openai_equals_plain_chat_completion(server):
     assert status["chunks"] == len(CHUNKS)
 
     out = stream_client(server).chat.completions.create(
-        messages=[QUESTION], extra_body={"stream_id": "chat-append"}, **ARGS
+        messages=[QUESTION],
+        extra_body={"stream_id": "chat-append"},
+        extra_headers=token_of(server, "chat-append"),
+        **ARGS,
     )
     ref = plain_client(server).chat.completions.create(
         messages=final_messages("".join(CHUNKS)), **ARGS
@@ -87,7 +91,7 @@ def test_chat_stream_finished_with_openai_equals_plain_chat_completion(server):
     assert out.choices[0].finish_reason == ref.choices[0].finish_reason
     assert out.id == "chat-append"
     # the stream is finished: its KV freed, its id ended
-    gone = requests.get(f"{server.url}/stream/chat-append", headers=server.headers)
+    gone = server.status("chat-append")
     assert gone.status_code in (404, 409)
 
 
@@ -104,6 +108,7 @@ def test_chat_stream_with_update_streamed_with_openai(server):
     for chunk in stream_client(server).chat.completions.create(
         messages=[QUESTION],
         extra_body={"stream_id": "chat-update"},
+        extra_headers=token_of(server, "chat-update"),
         stream=True,
         stream_options={"include_usage": True},
         **ARGS,
@@ -123,7 +128,10 @@ def test_chat_stream_errors_in_our_shape(server):
     client = stream_client(server)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(
-            messages=[QUESTION], extra_body={"stream_id": "nope"}, **ARGS
+            messages=[QUESTION],
+            extra_body={"stream_id": "nope"},
+            extra_headers=token_of(server, "nope"),
+            **ARGS,
         )
     resp = post(
         server, "/stream/v1/chat/completions", {"stream_id": "nope", "messages": [QUESTION]}
@@ -141,7 +149,10 @@ def test_chat_stream_errors_in_our_shape(server):
     post(server, "/stream/open", {"stream_id": "chat-text", "text": "Plain text stream."})
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(
-            messages=[QUESTION], extra_body={"stream_id": "chat-text"}, **ARGS
+            messages=[QUESTION],
+            extra_body={"stream_id": "chat-text"},
+            extra_headers=token_of(server, "chat-text"),
+            **ARGS,
         )
     resp = post(
         server, "/stream/v1/chat/completions", {"stream_id": "chat-text", "messages": [QUESTION]}
@@ -168,7 +179,10 @@ def test_chat_stream_errors_in_our_shape(server):
     )
     assert bad.status_code == 400 and bad.json()["error"]["stream_id"] == "chat-bad"
     out = client.chat.completions.create(
-        messages=[QUESTION], extra_body={"stream_id": "chat-bad"}, **ARGS
+        messages=[QUESTION],
+        extra_body={"stream_id": "chat-bad"},
+        extra_headers=token_of(server, "chat-bad"),
+        **ARGS,
     )
     assert out.choices[0].message.content
 

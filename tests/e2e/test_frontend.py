@@ -21,6 +21,7 @@ from frontend import (
     BadRequest,
     DuplicateStream,
     EmptyChunk,
+    Forbidden,
     InvalidTokenIds,
     MixedInput,
     StreamAPIError,
@@ -252,9 +253,9 @@ async def test_typed_errors(server):
             with pytest.raises(EmptyChunk) as info:
                 await stream.append("")
             assert info.value.status == 400 and info.value.stream_id == sid
-            with pytest.raises(BadRequest, match="'text' must be str"):
+            with pytest.raises(BadRequest, match="field 'text': Input should be a valid string"):
                 await stream.append(123)  # type: ignore[arg-type]
-            with pytest.raises(BadRequest, match="list of strings"):
+            with pytest.raises(BadRequest, match="field 'documents.1'"):
                 await stream.update(["a document", 7])  # type: ignore[list-item]
             await stream.finish()
             with pytest.raises(StreamClosed):
@@ -302,6 +303,49 @@ async def test_one_connection_form(server):
         with pytest.raises(BadRequest, match="first command must be open"):
             async for _ in client.connect([{"op": "append", "text": "too early"}]):
                 pass
+
+
+async def test_a_silent_connection_learns_at_once_that_its_stream_was_reaped(server):
+    """A one-connection stream that goes quiet is reaped at the idle timeout (3 s here), and
+    the connection, still open and sending nothing, gets the error then (before: no answer
+    until the client gave up)."""
+    quiet = asyncio.Event()
+
+    async def commands():
+        yield {"op": "open", "stream_id": new_sid(), "text": CHUNKS[0]}
+        await quiet.wait()  # silent from here on; released only when the test ends
+
+    async with connect(server) as client:
+        try:
+            with pytest.raises(StreamClosed, match="idle"):
+                async with asyncio.timeout(120):
+                    async for _ in client.connect(commands()):
+                        pass
+        finally:
+            quiet.set()
+
+
+async def test_a_stream_is_reached_only_with_its_token(server):
+    intruder = StreamClient(server.url, api_key=server.api_key, tokens={})  # its own tokens
+    async with connect(server) as client, intruder as other:
+        sid = new_sid()
+        opened = await client.open(sid, GREEDY, text=PASSAGE)
+        assert opened["stream_token"] and client.tokens[sid] == opened["stream_token"]
+        for call in (
+            other.append(sid, "an intruder's chunk"),
+            other.update(sid, "an intruder's context"),
+            other.status(sid),
+            other.abort(sid),
+            other.finish(sid, QUESTION),
+        ):
+            with pytest.raises(Forbidden):
+                await call
+        other.tokens[sid] = "a guess"
+        with pytest.raises(Forbidden):
+            await other.append(sid, "still an intruder")
+        out = await client.finish(sid, QUESTION)  # nothing above touched the stream
+        ref = await generate(server, PASSAGE + QUESTION)
+        assert out["output_ids"] == ref["output_ids"]
 
 
 # ---- agent loops and token ids ---------------------------------------------------------------

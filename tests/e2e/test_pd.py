@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import socket
 
-import orjson
 import pytest
 import requests
 
 from tests.e2e.test_stream_http import CONTEXT, GREEDY, QUESTION, reference_ids, sse_events
+from tests.helpers import StreamCalls
 
 pytestmark = pytest.mark.engine
 
@@ -52,10 +52,12 @@ def pd():
         yield deployment
 
 
+_CALLS: dict[str, StreamCalls] = {}
+
+
 def post(url: str, route: str, body: dict, **kw) -> requests.Response:
-    data = orjson.dumps(body)
-    headers = {"Content-Type": "application/json"}
-    return requests.post(f"{url}{route}", data=data, headers=headers, timeout=600, **kw)
+    """A stream-route call and, for a stream opened here, its token."""
+    return _CALLS.setdefault(url, StreamCalls(url)).post(route, body, **kw)
 
 
 def test_append_stream_through_the_router_equals_single_instance(pd, server):

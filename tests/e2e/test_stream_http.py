@@ -17,10 +17,8 @@ QUESTION = "\nQuestion: Where does the Rhine begin?\nAnswer:"
 
 
 def post(server, route: str, body=None, raw: bytes | None = None, headers=None, **kw):
-    data = raw if raw is not None else orjson.dumps(body)
-    hdrs = dict(server.headers if headers is None else headers)
-    hdrs["Content-Type"] = "application/json"
-    return requests.post(f"{server.url}{route}", data=data, headers=hdrs, timeout=120, **kw)
+    """A stream-route call with the API key and, for a stream opened here, its token."""
+    return server.post(route, body, raw=raw, headers=headers, timeout=120, **kw)
 
 
 def sse_events(resp) -> list:
@@ -103,7 +101,7 @@ def test_one_connection_refuses_a_finish_that_keeps_the_stream_open(server):
     error = resp.json()["error"]
     assert error["code"] == "bad_request" and "keep_open" in error["message"]
     # the stream was aborted with the connection (its KV freed), not left open
-    status = requests.get(f"{server.url}/stream/{error['stream_id']}", headers=server.headers)
+    status = server.status(error["stream_id"])
     assert status.status_code == 409
 
 
@@ -126,6 +124,75 @@ def test_bad_requests_get_4xx_json_errors(server, route, raw, status, code):
     assert resp.json()["error"]["code"] == code
 
 
+@pytest.mark.parametrize(
+    ("body", "code", "says"),
+    [
+        ({"sampling_params": {"no_such_parameter": 1}}, "invalid_sampling_params", "unknown"),
+        ({"sampling_params": {"stop": 5}}, "invalid_sampling_params", "'stop'"),
+        ({"sampling_params": {"max_new_tokens": "x"}}, "invalid_sampling_params", "max_new"),
+        ({"sampling_params": {"temperature": -1}}, "invalid_sampling_params", "temperature"),
+        ({"sampling_params": {"n": 2}}, "invalid_sampling_params", "n must be 1"),
+        ({"sampling_params": "greedy"}, "bad_request", "sampling_params"),
+        ({"stream_id": "a/b"}, "invalid_stream_id", "a/b"),
+        ({"stream_id": "a b"}, "invalid_stream_id", "a b"),
+        ({"txt": "a typo"}, "bad_request", "unknown field 'txt'"),
+        ({"input_ids": [1, True]}, "bad_request", "input_ids"),
+        ({"context_message": 0}, "bad_request", "messages"),
+    ],
+)
+def test_bad_open_is_refused_before_anything_opens(server, body, code, says):
+    resp = post(server, "/stream/open", dict({"text": "Hi."}, **body))
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == code and says in error["message"], error
+    if isinstance(body.get("stream_id"), str) and "/" not in body["stream_id"]:
+        status = server.status(body["stream_id"])
+        assert status.status_code == 404  # nothing was opened
+
+
+def test_unknown_stream_paths_answer_in_our_error_shape(server):
+    for path in ("/stream/a/b", "/stream/no/such/route"):
+        resp = requests.get(f"{server.url}{path}", headers=server.headers, timeout=30)
+        assert resp.status_code == 404, resp.text
+        assert resp.json()["error"]["code"] == "not_found"
+    resp = requests.get(f"{server.url}/stream/append", headers=server.headers, timeout=30)
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "unknown_stream"
+    resp = requests.put(f"{server.url}/stream/open", headers=server.headers, timeout=30)
+    assert resp.status_code == 405 and resp.json()["error"]["code"] == "method_not_allowed"
+    # SGLang's own routes keep SGLang's shape
+    resp = requests.get(f"{server.url}/no_such_sglang_route", headers=server.headers, timeout=30)
+    assert resp.status_code == 404 and not isinstance(resp.json().get("error"), dict)
+
+
+@pytest.mark.parametrize("as_events", [True, False])
+@pytest.mark.parametrize(
+    "params", [{"no_such_parameter": 1}, {"stop": 5}, {"max_new_tokens": "x"}, {"n": 2}]
+)
+def test_bad_finish_params_get_a_400_and_the_stream_goes_on(server, params, as_events):
+    sid = f"h-params-{abs(hash((str(params), as_events))) % 10**8}"
+    post(server, "/stream/open", {"stream_id": sid, "sampling_params": GREEDY, "text": CONTEXT})
+    body = {"stream_id": sid, "text": QUESTION, "sampling_params": params, "stream": as_events}
+    bad = post(server, "/stream/finish", body)
+    assert bad.status_code == 400, bad.text  # was a 500, or a 200 event stream cut off
+    assert bad.json()["error"]["code"] == "invalid_sampling_params"
+    good = post(server, "/stream/finish", {"stream_id": sid, "text": QUESTION, "stream": False})
+    assert good.status_code == 200, good.text
+    assert good.json()["output_ids"] == reference_ids(server, CONTEXT + QUESTION)
+
+
+def test_an_event_stream_finish_that_fails_first_gets_a_4xx(server):
+    post(server, "/stream/open", {"stream_id": "h-empty", "sampling_params": GREEDY})
+    resp = post(server, "/stream/finish", {"stream_id": "h-empty"}, stream=True)
+    assert resp.status_code == 400, resp.text  # was 200 with an error event
+    assert resp.json()["error"]["code"] == "empty_chunk"
+    body = {"stream_id": "h-temp", "sampling_params": GREEDY, "text": CONTEXT}
+    post(server, "/stream/open", body)
+    bad = {"stream_id": "h-temp", "text": QUESTION, "sampling_params": {"temperature": -1}}
+    resp = post(server, "/stream/finish", bad, stream=True)
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_sampling_params"
+    post(server, "/stream/abort", {"stream_id": "h-temp"})
+
+
 def test_stream_state_errors_and_others_keep_going(server):
     post(server, "/stream/open", {"stream_id": "h-bad", "sampling_params": GREEDY, "text": "Hi."})
     dup = post(server, "/stream/open", {"stream_id": "h-bad"})
@@ -144,7 +211,7 @@ def test_stream_state_errors_and_others_keep_going(server):
     post(server, "/stream/open", {"stream_id": "h-ok", "sampling_params": GREEDY, "text": CONTEXT})
     out = post(server, "/stream/finish", {"stream_id": "h-ok", "text": QUESTION, "stream": False})
     assert out.status_code == 200 and out.json()["output_ids"]
-    status = requests.get(f"{server.url}/stream/h-ok", headers=server.headers, timeout=30)
+    status = server.status("h-ok")
     assert status.status_code == 409
 
 
@@ -163,18 +230,22 @@ def test_client_disconnect_during_output_aborts_the_stream(server):
     resp = post(server, "/stream/finish", {"stream_id": "h-gone", "text": QUESTION}, stream=True)
     next(resp.iter_lines())  # first event arrives, then the client goes away
     resp.close()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        status = requests.get(f"{server.url}/stream/h-gone", headers=server.headers, timeout=30)
+        status = server.status("h-gone")
         if status.status_code == 409:
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
     assert status.status_code == 409
+    # aborted for the disconnect, not finished (400 tokens would also end it, later)
+    assert "client disconnected" in status.json()["error"]["message"], status.json()
 
 
 def test_idle_stream_times_out_over_http(server):
     post(server, "/stream/open", {"stream_id": "h-idle", "text": "Hello."})
-    time.sleep(3 + 2.5)
+    deadline = time.monotonic() + 120  # the server's idle timeout is 3 s: wait for its reaper
+    while server.status("h-idle").status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
     resp = post(server, "/stream/append", {"stream_id": "h-idle", "text": "late"})
     assert resp.status_code == 409 and "idle" in resp.json()["error"]["message"]
 

@@ -3,7 +3,9 @@
 One engine (float32, CPU) with a small prefill budget: 256 tokens a step, speculative turns of
 at most 128 tokens. Under each policy (switched at run time), six streams keep the engine busy
 with prefill of contexts that are not final (six turns of 128 tokens wait at every step: three
-times the budget) while plain requests and the final turns of two other streams arrive. The
+times the budget) while plain requests and the final turns of two other streams arrive. Three
+of the six are refined at once by an update that keeps a quarter of the first version: the
+rest of theirs is a volatile tail (held back, ordered after the other speculative turns). The
 scheduler's admission counters say how much speculative work, and how much newer committed
 work, SGLang admitted while a committed request waited.
 
@@ -35,6 +37,9 @@ async def phase(eng, policy: str) -> dict:
     finals = [f"{policy}-final{i}" for i in range(2)]
     for sid in spec:  # ~600 tokens each: 5 speculative turns of <= 128 tokens
         await mgr.open(sid, {"max_new_tokens": 1}, text(sid, 120))
+    for sid in spec[:3]:  # refined: a quarter kept, the rest rewritten (a volatile tail)
+        first = text(sid, 120)
+        await mgr.update(sid, first[: len(first) // 4] + text(f"{sid}-rev", 90))
     for sid in finals:
         await mgr.open(sid, GREEDY, text(sid, 30))
     # committed work arrives while speculative turns wait and run
@@ -54,9 +59,15 @@ async def phase(eng, policy: str) -> dict:
     final_out = await asyncio.gather(*(final(sid) for sid in finals))
     prefilled = [await mgr.wait_prefilled(sid) for sid in spec]  # speculative work not starved
     complete = all(s["held_tokens"] == s["context_tokens"] for s in prefilled)
+    held_back = sum(s["held_back"] for s in prefilled)
     for sid in spec:
         await mgr.abort(sid, "test over")
-    return {"plain": plain_out, "final": final_out, "spec_complete": complete}
+    return {
+        "plain": plain_out,
+        "final": final_out,
+        "spec_complete": complete,
+        "held_back": held_back,
+    }
 
 
 def run() -> dict:

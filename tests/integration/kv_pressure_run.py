@@ -29,7 +29,7 @@ def context(i: int) -> str:
 def run(policy: str, preemption: str) -> dict:
     from s2l_sglang.stream.engine import StreamEngine
 
-    os.environ["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"  # a leaked KV slot fails
+    os.environ["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"  # KV nobody holds fails
     eng = StreamEngine(
         stream_policy=policy,
         preemption=preemption,
@@ -54,6 +54,11 @@ def run(policy: str, preemption: str) -> dict:
         t.start()
     for t in threads:
         t.join(timeout=600)
+    # Before any other request: the finished streams' host copies go with their sessions
+    # (before, they stayed until a later request's admission dropped them lazily).
+    deadline = time.monotonic() + 60
+    while (counters := eng.sched_counters())["host_copies"] and time.monotonic() < deadline:
+        time.sleep(0.1)
     refs = {}
     for i in range(STREAMS):
         refs[i] = eng.generate(prompt=context(i) + QUESTION, sampling_params=GREEDY)["output_ids"]
@@ -62,7 +67,7 @@ def run(policy: str, preemption: str) -> dict:
         "sizes": sizes,
         "outputs": {i: r["output_ids"] for i, r in results.items()},
         "refs": refs,
-        "counters": eng.sched_counters(),
+        "counters": counters,
     }
 
 

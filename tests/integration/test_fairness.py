@@ -48,6 +48,10 @@ def test_committed_work_waits_for_at_most_one_speculative_chunk(result, policy):
     assert got["plain"] == got["plain_ref"]
     assert got["final"] == got["final_ref"]
     assert got["spec_complete"]  # speculative work was not starved either
+    # volatile tails went after the other speculative turns: at most one chunk of them was
+    # admitted while a speculative turn waited
+    assert got["held_back"] > 0, got
+    assert c["volatile_ahead_max"] <= result["speculative_chunk"], c
 
 
 def test_nothing_left_behind(result):

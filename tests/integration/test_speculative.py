@@ -28,12 +28,31 @@ def test_speculative_turns_carry_at_most_one_chunk(engine):
     assert final["speculative"] < final["prefilled"]  # the final turn is committed work
 
 
+LONG_PROMPT = "Background: " + CONTEXT * 30  # ~3,000 tokens, seconds of prefill
+
+
+async def queued_behind_plain(engine, sid: str, change) -> tuple[asyncio.Future, bool]:
+    """Start a long plain request, then `change()` stream `sid` (an update or an append) once
+    the plain request is in; returns the plain request's future and whether it still ran
+    when the stream's turn for the change was sent (then that turn queued behind it)."""
+    plain = asyncio.ensure_future(
+        engine._generate(text=LONG_PROMPT, sampling_params={"max_new_tokens": 1})
+    )
+    tm = engine.engine.tokenizer_manager
+    while not tm.rid_to_state:  # the plain request is in
+        await asyncio.sleep(0.01)
+    await change()
+    stream = engine.streams.streams[sid]
+    while stream.inflight_rid not in tm.rid_to_state:  # the change's turn is sent
+        await asyncio.sleep(0.01)
+    return plain, not plain.done()
+
+
 def test_a_stale_turn_is_cancelled_and_the_output_is_unchanged(engine):
     """An update's turn (it rolls the session back) waits in the queue behind a long plain
     request; a newer update that drops that turn's tokens arrives meanwhile: the queued turn is
     aborted, not run, and the stream goes on from what the session holds after the rollback."""
     mgr = engine.streams
-    long_prompt = "Background: " + CONTEXT * 30  # ~3,000 tokens, seconds of prefill
     v1 = "Notes. " + " ".join(f"fact-{k}" for k in range(80))
     v2 = v1[:120] + " ".join(f"revised-{k}" for k in range(40))  # keeps a prefix of v1
     v3 = v1 + CONTEXT  # shares all of v1 again: more than v2's turn keeps
@@ -41,17 +60,9 @@ def test_a_stale_turn_is_cancelled_and_the_output_is_unchanged(engine):
     async def run() -> tuple[dict, dict, bool]:
         await mgr.open("spec-cancel", GREEDY, v1)
         await mgr.wait_prefilled("spec-cancel")
-        plain = asyncio.ensure_future(
-            engine._generate(text=long_prompt, sampling_params={"max_new_tokens": 1})
+        plain, queued = await queued_behind_plain(
+            engine, "spec-cancel", lambda: mgr.update("spec-cancel", v2)
         )
-        tm = engine.engine.tokenizer_manager
-        while not tm.rid_to_state:  # the plain request is in
-            await asyncio.sleep(0.01)
-        await mgr.update("spec-cancel", v2)
-        stream = mgr.streams["spec-cancel"]
-        while stream.inflight_rid not in tm.rid_to_state:  # v2's turn is sent (and queues)
-            await asyncio.sleep(0.01)
-        queued = not plain.done()
         await mgr.update("spec-cancel", v3)
         status = await mgr.wait_prefilled("spec-cancel")
         outs = [o async for o in await mgr.finish("spec-cancel", QUESTION)]
@@ -62,3 +73,28 @@ def test_a_stale_turn_is_cancelled_and_the_output_is_unchanged(engine):
     assert queued, "the plain request ended before the stream's turn was sent"
     assert status["cancelled"] > 0, status  # v2's turn was aborted, not finished
     assert out["output_ids"] == reference(engine, v3 + QUESTION)["output_ids"]
+
+
+def test_a_finish_does_not_wait_behind_its_own_queued_prefill_turn(engine):
+    """A stream's prefill turn waits in the queue behind a long plain request (speculative
+    work goes after committed work); the stream finishes meanwhile. The queued turn is
+    cancelled and the final turn, committed work, carries its tokens (`promoted`); before,
+    the final turn waited for that turn, ordered after every committed request."""
+    mgr = engine.streams
+    more = " ".join(f"fact-{k}" for k in range(120))
+
+    async def run() -> tuple[dict, bool]:
+        await mgr.open("spec-promote", GREEDY, CONTEXT)
+        await mgr.wait_prefilled("spec-promote")
+        plain, queued = await queued_behind_plain(
+            engine, "spec-promote", lambda: mgr.append("spec-promote", more)
+        )
+        outs = [o async for o in await mgr.finish("spec-promote", QUESTION)]
+        await plain
+        return outs[-1], queued
+
+    out, queued = engine._call(run())
+    assert queued, "the plain request ended before the stream's turn was sent"
+    counters = out["meta_info"]["stream"]
+    assert counters["promoted"] > 0 and counters["cancelled"] == 0, counters
+    assert out["output_ids"] == reference(engine, CONTEXT + more + QUESTION)["output_ids"]

@@ -73,7 +73,10 @@ def test_prompt_ids_of_sglang_request():
 
 
 class FakeTM:
-    """Just enough of SGLang's TokenizerManager for the manager's chat turns."""
+    """A fake (no engine runs here): just enough of SGLang's TokenizerManager for the
+    manager's turns. Its sampling-parameter class is SGLang's own."""
+
+    from sglang.srt.sampling.sampling_params import SamplingParams as sampling_params_class
 
     context_len = 1000
     tokenizer = None
@@ -81,6 +84,10 @@ class FakeTM:
 
     def __init__(self):
         self.turns = []
+        self.sent = []  # messages to the scheduler (CancelStaleTurnReq)
+
+    def _dispatch_to_scheduler(self, obj):
+        self.sent.append(obj)
 
     async def open_session(self, obj):
         return obj.session_id
