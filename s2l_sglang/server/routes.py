@@ -242,16 +242,15 @@ async def _next_piece(mgr: Any, pieces: AsyncIterator[bytes], sid: str | None) -
 
 def _install_error_handlers(app: Any) -> None:
     """404 and 405 under /stream in our error shape; every other path keeps SGLang's."""
+    from fastapi import HTTPException
+    from fastapi.exception_handlers import http_exception_handler
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    previous = app.exception_handlers.get(StarletteHTTPException)
-    fastapi_previous = None
-    try:
-        from fastapi import HTTPException
-
-        fastapi_previous = app.exception_handlers.get(HTTPException)
-    except ImportError:  # pragma: no cover - FastAPI is SGLang's
-        HTTPException = None  # type: ignore[assignment]
+    # SGLang's handler for FastAPI's HTTPException, FastAPI's own for Starlette's (404 routes)
+    previous = {
+        cls: app.exception_handlers.get(cls, http_exception_handler)
+        for cls in (HTTPException, StarletteHTTPException)
+    }
 
     async def handler(request: Request, exc: Exception):
         path = request.url.path
@@ -262,16 +261,11 @@ def _install_error_handlers(app: Any) -> None:
                 return _error_response(
                     kind(f"{request.method} {path}: {getattr(exc, 'detail', '')}")
                 )
-        own = fastapi_previous if HTTPException and isinstance(exc, HTTPException) else previous
-        if own is None:
-            from fastapi.exception_handlers import http_exception_handler
-
-            own = http_exception_handler
+        own = previous[HTTPException if isinstance(exc, HTTPException) else StarletteHTTPException]
         return await own(request, exc)
 
-    app.add_exception_handler(StarletteHTTPException, handler)
-    if HTTPException is not None:
-        app.add_exception_handler(HTTPException, handler)
+    for cls in previous:
+        app.add_exception_handler(cls, handler)
 
 
 def install_routes(app: Any) -> None:

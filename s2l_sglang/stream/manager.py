@@ -142,7 +142,6 @@ class Stream:
     #: update mode: ids from here on are the volatile tail (what the last update rewrote)
     volatile_from: int | None = None
     state: State = State.OPEN
-    final_task: asyncio.Task | None = None  # the final turn, owned by the manager
     #: set when the stream closes (a connection waiting on the stream learns it at once)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     #: held while a text chunk is tokenized (off the loop for long ones): chunks apply in
@@ -273,9 +272,9 @@ class StreamManager:
             await self._set_context(stream, stream.history + list(chunk), replaced=True)
             return self.status(sid)
         async with stream.lock:
-            self._still_open(stream)
+            self._live(stream.sid)  # finished or closed meanwhile: raises why
             ids = await self._tokenized(stream, chunk, appended=False)
-            self._still_open(stream)
+            self._live(stream.sid)  # finished or closed meanwhile: raises why
             await self._set_context(stream, ids, text=chunk, replaced=True)
         return self.status(sid)
 
@@ -358,9 +357,7 @@ class StreamManager:
         after the held KV are sent. `base` is SGLang's own `GenerateReqInput` for the final
         messages (sampling parameters, logprob options, ...): the turn is that request with
         the delta as its input and the stream's session. Yields as `finish` does."""
-        stream = self.streams.get(sid)
-        if stream is None:
-            self._raise_missing(sid)
+        stream = self._existing(sid)
         if stream.error is not None:
             raise stream.error
         if stream.chat is None or not stream.finishing:
@@ -373,9 +370,7 @@ class StreamManager:
 
     async def abort(self, sid: str, reason: str = "aborted by client") -> None:
         """Abort a stream: the turn in flight is aborted and the session's KV freed."""
-        stream = self.streams.get(sid)
-        if stream is None:
-            self._raise_missing(sid)
+        stream = self._existing(sid)
         await self._close(stream, f"aborted: {reason}")
 
     async def set_policy(self, name: str, timeout_s: float = 30.0) -> dict:
@@ -401,9 +396,7 @@ class StreamManager:
     def authorize(self, sid: str, token: str | None) -> None:
         """An HTTP call on stream `sid` must carry its token (returned by open): Forbidden
         (403) otherwise; UnknownStream / StreamClosed for a stream that is not live."""
-        stream = self.streams.get(sid)
-        if stream is None:
-            self._raise_missing(sid)
+        stream = self._existing(sid)
         if not isolation.token_matches(stream.token, token):
             raise Forbidden(
                 f"stream {sid!r}: missing or wrong {isolation.TOKEN_HEADER} "
@@ -420,15 +413,11 @@ class StreamManager:
 
     def session_key(self, sid: str) -> str:
         """The SGLang session id of live stream `sid` (for the chat finish's rid)."""
-        stream = self.streams.get(sid)
-        if stream is None:
-            self._raise_missing(sid)
+        stream = self._existing(sid)
         return stream.key
 
     def status(self, sid: str) -> dict:
-        stream = self.streams.get(sid)
-        if stream is None:
-            self._raise_missing(sid)
+        stream = self._existing(sid)
         return {
             "stream_id": sid,
             "context_tokens": len(stream.ids),
@@ -442,9 +431,7 @@ class StreamManager:
     async def wait_prefilled(self, sid: str) -> dict:
         """Wait until the engine holds the stream's whole context so far (no turn in flight or
         due); returns its status. Raises the stream's error if its prefill failed."""
-        stream = self.streams.get(sid)
-        if stream is None:
-            self._raise_missing(sid)
+        stream = self._existing(sid)
         while stream.pump is not None and not stream.pump.done():
             await asyncio.wait({stream.pump})
         if stream.error is not None:
@@ -564,10 +551,15 @@ class StreamManager:
                 self._live(stream.sid)
             await self._set_context(stream, ids, text=text, replaced=replaced)
 
-    def _live(self, sid: str) -> Stream:
+    def _existing(self, sid: str) -> Stream:
+        """Live stream `sid`; UnknownStream, or StreamClosed for one that has ended."""
         stream = self.streams.get(sid)
         if stream is None:
             self._raise_missing(sid)
+        return stream
+
+    def _live(self, sid: str) -> Stream:
+        stream = self._existing(sid)
         if stream.error is not None:
             raise stream.error
         if stream.finishing:
@@ -623,18 +615,11 @@ class StreamManager:
             await self._set_context(stream, stream.ids + list(chunk), start_pump=start_pump)
             return
         async with stream.lock:
-            self._still_open(stream)
+            self._live(stream.sid)  # finished or closed meanwhile: raises why
             text = stream.text + chunk
             ids = await self._tokenized(stream, text)
-            self._still_open(stream)
+            self._live(stream.sid)  # finished or closed meanwhile: raises why
             await self._set_context(stream, ids, text=text, start_pump=start_pump)
-
-    def _still_open(self, stream: Stream) -> None:
-        """After a wait: the stream may have been finished or closed meanwhile (raises)."""
-        if stream.state is not State.OPEN:
-            if stream.closed:
-                self._raise_missing(stream.sid)
-            raise StreamClosed(f"stream {stream.sid!r} is finished: no more chunks", stream.sid)
 
     async def _tokenized(self, stream: Stream, text: str, appended: bool = True) -> list[int]:
         """`_tokenize_context`, off the event loop when there is much to tokenize (a 1 MB
@@ -914,7 +899,6 @@ class StreamManager:
         task = asyncio.ensure_future(
             self._final(stream, t_finish, params, keep_open, base, outputs)
         )
-        stream.final_task = task
         done = False
         getter: asyncio.Future | None = None
         try:
