@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import ClassVar
 
@@ -35,6 +36,7 @@ from s2l_sglang.registry import Registry
 
 PREFILL_ONLY = {"max_new_tokens": 0}
 _nonce = itertools.count()
+_UNSAFE = re.compile(r"[^A-Za-z0-9._~-]")
 
 
 class Mode:
@@ -62,7 +64,10 @@ class Mode:
 
     @staticmethod
     def new_id(query: Query, label: str) -> str:
-        return f"b{next(_nonce)}-{label}-{query.id}"[:200].replace("::", "-")
+        """A fresh request or stream id naming the query: a valid stream id (1-128 of
+        `A-Z a-z 0-9 . _ ~ -`, `stream.manager.STREAM_ID`) whatever the query's id holds; the
+        leading counter keeps it unique once cut."""
+        return _UNSAFE.sub("-", f"b{next(_nonce)}-{label}-{query.id}")[:128]
 
 
 _MODES: Registry[type[Mode]] = Registry("mode")

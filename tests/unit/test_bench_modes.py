@@ -211,3 +211,16 @@ async def test_lower_bound_caches_the_prefix_then_times_the_full_prompt():
     gens = [p for _, _, p in b.ops("generate")]
     assert [(p[1], p[2]) for p in gens] == [("HEAD:aa bb ", False), (APPEND.final_prompt, True)]
     assert ttft == pytest.approx(0.05, abs=0.03)
+
+
+def test_ids_are_valid_stream_ids_whatever_the_query_id_holds():
+    """A long query id with any characters (the crawler's are questions) still gives a stream
+    id every route takes, and each id is unique."""
+    from bench.harness.modes import Mode
+    from s2l_sglang.stream.manager import STREAM_ID
+
+    long_id = "pydoc-design: why does Python use methods for some functionality (list.index)" * 3
+    query = type("Q", (), {"id": long_id + "::x/y?"})()
+    ids = {Mode.new_id(query, "stream-fcfs") for _ in range(3)}
+    assert len(ids) == 3
+    assert all(STREAM_ID.fullmatch(i) for i in ids), ids
