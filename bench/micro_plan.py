@@ -1,6 +1,10 @@
 """Microbenchmark of the plan step (policy order + grants + victims) on seeded random snapshots.
 
-Usage: python3 -m bench.micro_plan [--streams 50 500] [--iters 2000] [--out results.json]
+Usage: python3 -m bench.micro_plan [--step plan|decide] [--streams 50 500] [--iters 2000]
+       [--out results.json]
+`--step decide` times the scheduler's whole pure decision instead (`sched.decide.decide`: the
+views built from a `Snapshot`, the order, swap-ins, the plan, the victims and their modes) on
+seeded snapshots of the same mix (`make_decide_snapshot`).
 For each stream count, 32 seeded snapshots (see `make_snapshot`) are planned in turn with a token
 budget of 8192; each call gets freshly built views (untimed), as a real step plans right after
 building them. Prints a markdown table per policy and stream count: wall-clock mean, p50, p99 of
@@ -23,8 +27,18 @@ from collections.abc import Callable
 from itertools import repeat
 from pathlib import Path
 
+from s2l_sglang.rid import final_rid, turn_rid
+from s2l_sglang.sched.decide import (
+    HostCopy,
+    SlotView,
+    Snapshot,
+    StreamInfo,
+    WaitingReq,
+    decide,
+)
 from s2l_sglang.sched.planner import plan
 from s2l_sglang.sched.policy import get_policy, policy_names
+from s2l_sglang.sched.preemption import get_preemption
 from s2l_sglang.sched.snapshot import ReqView
 
 TOKEN_BUDGET = 8192
@@ -71,6 +85,42 @@ def make_snapshot(rng: random.Random, n: int) -> tuple[list[ReqView], int]:
     return views, rng.randint(0, 2 * TOKEN_BUDGET)
 
 
+def make_decide_snapshot(rng: random.Random, n: int) -> tuple[Snapshot, dict[str, StreamInfo]]:
+    """n requests as the adapter would snapshot a loaded server: waiting prefill turns of
+    partial streams 30% (a third of them not yet on their slot), idle partial streams 25%,
+    streams with a turn running 20%, waiting plain requests 15%, waiting final turns 10%;
+    a tenth of the streams have a host copy; free KV of 0..2 token budgets."""
+    waiting, slots, host, streams = [], {}, [], {}
+    for i in range(n):
+        kind = rng.random()
+        sid = f"s{i}.{rng.getrandbits(64):016x}"
+        arrival = rng.uniform(0.0, 100.0)
+        held = rng.randint(256, 8192)
+        if kind >= 0.15:
+            streams[sid] = StreamInfo(arrival, arrival + rng.uniform(0.0, 20.0), kind >= 0.90)
+        if kind < 0.15:
+            rid = f"{rng.getrandbits(128):032x}"
+            waiting.append(WaitingReq(rid, rng.randint(1024, 12000), 0, 128, arrival, False))
+        elif kind < 0.45:
+            borrowed = rng.random() < 0.67
+            slots[sid] = SlotView(sid, held, held, inflight=True)
+            waiting.append(
+                WaitingReq(turn_rid(sid, 2), held + rng.randint(64, 2048), 0, 1, arrival, borrowed)
+            )
+        elif kind < 0.70:
+            slots[sid] = SlotView(sid, held, held, inflight=False)
+        elif kind < 0.90:
+            slots[sid] = SlotView(sid, held, held, inflight=True)
+        else:
+            slots[sid] = SlotView(sid, held, held, inflight=True)
+            waiting.append(WaitingReq(final_rid(sid), held + 64, 0, 128, arrival, False))
+        if kind >= 0.15 and sid not in slots and rng.random() < 0.1:
+            host.append(HostCopy(sid, held, True))
+    free = rng.randint(0, 2 * TOKEN_BUDGET)
+    snap = Snapshot(100.0, tuple(waiting), slots, free, free, 0, tuple(host), 4 * TOKEN_BUDGET)
+    return snap, streams
+
+
 def percentile(sorted_xs: list[float], q: float) -> float:
     return sorted_xs[min(len(sorted_xs) - 1, int(q * len(sorted_xs)))]
 
@@ -89,6 +139,45 @@ def timed(snaps: list, policy: object, iters: int, clock: Callable[[], int]) -> 
     return out
 
 
+def bench_decide(n: int, policy_name: str, iters: int, warmup: int, seed: int) -> dict:
+    """`decide` per call on 32 seeded snapshots (views, order, plan, victims: all timed)."""
+    rng = random.Random(seed * 1000 + n)
+    snaps = [make_decide_snapshot(rng, n) for _ in range(32)]
+    policy, preemption = get_policy(policy_name), get_preemption("swap")
+
+    def run(clock: Callable[[], int], count: int) -> tuple[list[float], list]:
+        out, acts = [], []
+        for k in range(count):
+            snap, streams = snaps[k % len(snaps)]
+            t0 = clock()
+            acts.append(decide(snap, streams, policy, preemption))
+            out.append((clock() - t0) / 1000.0)
+        out.sort()
+        return out, acts
+
+    run(time.perf_counter_ns, warmup)
+    wall, acts = run(time.perf_counter_ns, iters)
+    cpu, _ = run(time.thread_time_ns, iters)
+    return {
+        **_row(n, policy_name, wall, cpu),
+        "preempted_mean": statistics.fmean(len(a.preempt) for a in acts[: len(snaps)]),
+        "preempting_share": statistics.fmean(bool(a.preempt) for a in acts[: len(snaps)]),
+    }
+
+
+def _row(n: int, policy_name: str, wall: list[float], cpu: list[float]) -> dict:
+    """A result row's timing columns (both lists sorted, in us)."""
+    return {
+        "streams": n,
+        "policy": policy_name,
+        "mean_us": statistics.fmean(wall),
+        "p50_us": percentile(wall, 0.50),
+        "p99_us": percentile(wall, 0.99),
+        "cpu_mean_us": statistics.fmean(cpu),
+        "cpu_p99_us": percentile(cpu, 0.99),
+    }
+
+
 def bench(n: int, policy_name: str, iters: int, warmup: int, seed: int) -> dict:
     rng = random.Random(seed * 1000 + n)
     snaps = [make_snapshot(rng, n) for _ in range(32)]
@@ -99,13 +188,7 @@ def bench(n: int, policy_name: str, iters: int, warmup: int, seed: int) -> dict:
     wall = timed(snaps, policy, iters, time.perf_counter_ns)
     cpu = timed(snaps, policy, iters, time.thread_time_ns)
     return {
-        "streams": n,
-        "policy": policy_name,
-        "mean_us": statistics.fmean(wall),
-        "p50_us": percentile(wall, 0.50),
-        "p99_us": percentile(wall, 0.99),
-        "cpu_mean_us": statistics.fmean(cpu),
-        "cpu_p99_us": percentile(cpu, 0.99),
+        **_row(n, policy_name, wall, cpu),
         "grants_mean": statistics.fmean(len(p.grants) for p in plans),
         "preempting_share": statistics.fmean(p.kv_shortfall > 0 for p in plans),
     }
@@ -147,6 +230,7 @@ def verdict(rows: list[dict], mean_key: str, p99_key: str) -> tuple[float, float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--step", choices=["plan", "decide"], default="plan")
     ap.add_argument("--streams", type=int, nargs="+", default=[50, 500])
     ap.add_argument("--policies", nargs="+", default=policy_names(), choices=policy_names())
     ap.add_argument("--iters", type=int, default=2000)
@@ -156,22 +240,25 @@ def main() -> None:
     args = ap.parse_args()
 
     before = machine()
+    run = bench if args.step == "plan" else bench_decide
     rows = [
-        bench(n, pol, args.iters, args.warmup, args.seed)
+        run(n, pol, args.iters, args.warmup, args.seed)
         for n in args.streams
         for pol in args.policies
     ]
     after = machine()
+    counted = "grants" if args.step == "plan" else "preempted"
     print(
-        "| streams | policy | mean us | p50 us | p99 us | cpu mean us | cpu p99 us | grants "
-        "| preempting |"
+        "| streams | policy | mean us | p50 us | p99 us | cpu mean us | cpu p99 us "
+        f"| {counted} | preempting |"
     )
     print("|--:|---|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
         print(
             f"| {r['streams']} | {r['policy']} | {r['mean_us']:.1f} | {r['p50_us']:.1f} "
             f"| {r['p99_us']:.1f} | {r['cpu_mean_us']:.1f} | {r['cpu_p99_us']:.1f} "
-            f"| {r['grants_mean']:.1f} | {r['preempting_share']:.0%} |"
+            f"| {r.get('grants_mean', r.get('preempted_mean', 0.0)):.1f} "
+            f"| {r['preempting_share']:.0%} |"
         )
     build = {n: view_build_us(n, args.seed) for n in args.streams}
     print(
@@ -183,13 +270,14 @@ def main() -> None:
     w_mean, w_p99, w_verdict = verdict(rows, "mean_us", "p99_us")
     c_mean, c_p99, c_verdict = verdict(rows, "cpu_mean_us", "cpu_p99_us")
     print(
-        f"micro_plan: worst mean @50 = {w_mean:.1f} us (target < 50), worst p99 @500 = "
+        f"micro_plan ({args.step}): worst mean @50 = {w_mean:.1f} us (target < 50), worst p99 @500 = "
         f"{w_p99:.1f} us (target < 200): {w_verdict} wall-clock; cpu time {c_mean:.1f} / "
         f"{c_p99:.1f} us: {c_verdict}"
     )
     if args.out:
         result = {
             "bench": "micro_plan",
+            "step": args.step,
             "token_budget": TOKEN_BUDGET,
             "iters": args.iters,
             "warmup": args.warmup,

@@ -68,16 +68,16 @@ def _remember_scheduler(result, self, *args, **kwargs):
     """AFTER `Scheduler.init_request_dispatcher`: keep a handle on the scheduler, build its
     `StreamScheduling` from the config on its `ServerArgs`, and handle `SetStreamPolicyReq`."""
     global _scheduler, _stream_sched
-    from sglang.utils import TypeBasedDispatcher
-
+    from s2l_sglang import adapter
     from s2l_sglang.config import of_server_args
     from s2l_sglang.messages import CancelStaleTurnReq, SetStreamPolicyReq
     from s2l_sglang.scheduling import StreamScheduling
 
     _scheduler = self
-    _stream_sched = StreamScheduling(of_server_args(self.server_args))  # fails start-up if bad
-    self._request_dispatcher += TypeBasedDispatcher(
-        [(SetStreamPolicyReq, _set_policy), (CancelStaleTurnReq, _cancel_stale_turn)]
+    config = of_server_args(adapter.server_args(self))  # fails start-up if bad
+    _stream_sched = StreamScheduling(config)
+    adapter.add_handlers(
+        self, [(SetStreamPolicyReq, _set_policy), (CancelStaleTurnReq, _cancel_stale_turn)]
     )
     return result
 
@@ -109,31 +109,25 @@ def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **k
     2. SGLang strips a leading BOS id from every appended session turn (turns are usually
        tokenized with special tokens); our turns carry exact token ids, so nothing is stripped.
     """
+    from s2l_sglang import adapter
     from s2l_sglang.rid import stream_of
 
-    if not (self.streaming and stream_of(req.rid) is not None):
+    if not (adapter.is_streaming(self) and stream_of(req.rid) is not None):
         return original(self, req, tokenizer, *args, **kwargs)
     try:
         stream_scheduling().on_turn(req.rid)
     except Exception:  # never take the scheduler down: the turn goes on unscheduled by us
         _hook_failed(f"recording stream turn {req.rid}")
-    params = req.session_params
     failure = None
-    if params is not None and params.replace:
-        from sglang.srt.managers.io_struct import SessionParams
-
-        from radix_ext import rollback_streaming_session
-
+    keep = adapter.take_replace(req)
+    if keep is not None:
         try:
-            rollback_streaming_session(self, _scheduler.tree_cache, params.offset or 0)
+            adapter.rollback(self, _scheduler, keep)
         except Exception as exc:  # never take the scheduler down: abort this turn only
             _hook_failed(f"stream rollback of {req.rid}")
             failure = f"stream rollback failed: {exc}"
-        req.session_params = SessionParams(id=params.id)
     new_req = original(self, req, None, *args, **kwargs)  # None: no BOS strip
-    new_req.tokenizer = tokenizer
-    if failure is not None and new_req.to_finish is None:
-        new_req.set_finish_with_abort(failure)
+    adapter.finish_turn_with_abort(new_req, tokenizer, failure)
     return new_req
 
 
@@ -156,8 +150,10 @@ def stream_scheduling():
 
 def _order_by_stream_policy(original: Callable, self, waiting_queue, *args, **kwargs):
     """AROUND `SchedulePolicy.calc_priority`: SGLang's order, then the stream policy's."""
+    from s2l_sglang import adapter
+
     result = original(self, waiting_queue, *args, **kwargs)
-    if _scheduler is not None and waiting_queue is _scheduler.waiting_queue:
+    if adapter.is_waiting_queue(_scheduler, waiting_queue):
         try:
             stream_scheduling().order_waiting(_scheduler)
         except Exception:  # never take the scheduler down: SGLang's order stands
@@ -165,17 +161,17 @@ def _order_by_stream_policy(original: Callable, self, waiting_queue, *args, **kw
     return result
 
 
-def _around_new_prefill(original: Callable, self, *args, **kwargs):
+def _around_new_prefill(original: Callable, self, running_batch, *args, **kwargs):
     """AROUND `Scheduler.get_new_batch_prefill`: before it, preempt idle streams when the plan
     needs KV; after it, account what the batch admitted ahead of committed work that waits."""
     sched = stream_scheduling()
     waiting = None
     try:
-        sched.relieve_kv_pressure(self)
+        sched.relieve_kv_pressure(self, running_batch)
         waiting = sched.before_admission(self)
     except Exception:  # never take the scheduler down
         _hook_failed("stream KV-pressure relief")
-    batch = original(self, *args, **kwargs)
+    batch = original(self, running_batch, *args, **kwargs)
     if waiting is not None:
         try:
             sched.after_admission(batch, waiting)
@@ -189,9 +185,11 @@ _INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 
 def _export_sched_counters(result, self, *args, **kwargs):
     """AFTER `Scheduler.get_internal_state`: add the stream counters as `s2l_sched`."""
+    from s2l_sglang import adapter
+
     try:
         stream_scheduling().configure(self)
-        result.internal_state["s2l_sched"] = stream_scheduling().export(self)
+        adapter.export_state(result, "s2l_sched", stream_scheduling().export(self))
     except Exception:  # never take the scheduler down
         _hook_failed("exporting stream counters")
     return result

@@ -81,10 +81,10 @@ def engine():
 
 
 @contextlib.contextmanager
-def serving(extra_argv: list[str], timeout_s: float = 300, env: dict | None = None):
+def serving(extra_argv: list[str], timeout_s: float = 300, env: dict | None = None, log=None):
     """`s2l serve` on a free loopback port with `--api-key API_KEY` and `extra_argv`, until the
-    block ends (SGLang's strict idle memory check on; `env`: more environment); yields its URL
-    once healthy."""
+    block ends (SGLang's strict idle memory check on; `env`: more environment; `log`: a path
+    that gets the server's stdout and stderr); yields its URL once healthy."""
     import signal
     import subprocess
     import sys
@@ -97,13 +97,15 @@ def serving(extra_argv: list[str], timeout_s: float = 300, env: dict | None = No
     argv += ["--port", str(port), "--max-total-tokens", "16384", "--log-level", "error"]
     argv += ["--api-key", API_KEY, *extra_argv]
     env = dict(os.environ, SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1", **(env or {}))
-    proc = subprocess.Popen(argv, start_new_session=True, env=env)
+    out = open(log, "ab") if log is not None else None  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(argv, start_new_session=True, env=env, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"s2l serve exited with {proc.returncode}")
+                tail = open(log, errors="replace").read()[-3000:] if log is not None else ""
+                raise RuntimeError(f"s2l serve exited with {proc.returncode}\n{tail}")
             try:
                 headers = {"Authorization": f"Bearer {API_KEY}"}
                 if requests.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
@@ -120,6 +122,8 @@ def serving(extra_argv: list[str], timeout_s: float = 300, env: dict | None = No
             proc.wait(timeout=30)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(proc.pid, signal.SIGKILL)
+        if out is not None:
+            out.close()
 
 
 def _free_port() -> int:
@@ -148,14 +152,21 @@ def server(server_url):
 
 
 @pytest.fixture(scope="session")
-def server_url():
+def server_log(tmp_path_factory):
+    """The file that gets the session server's stdout and stderr."""
+    return tmp_path_factory.mktemp("server") / "s2l-serve.log"
+
+
+@pytest.fixture(scope="session")
+def server_url(server_log):
     """`s2l serve` (SGLang's HTTP server with the plugin) on a free loopback port, once per session.
 
     Started with `--api-key API_KEY`, a 3 s stream idle timeout and `--preemption recompute`
-    (our flags: tests check that they reach the routes and the scheduler).
+    (our flags: tests check that they reach the routes and the scheduler). Its output goes to
+    `server_log`.
     """
     extra = ["--stream-idle-timeout", "3", "--preemption", "recompute"]
-    with serving(extra) as url:
+    with serving(extra, log=server_log) as url:
         _LIVE["server"] = url
         try:
             yield url

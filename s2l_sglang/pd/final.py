@@ -49,7 +49,8 @@ class RouterFinal:
         """Post the turn `obj` (a session turn) as a PD request for `prompt`; yield its outputs.
 
         The last output's `cached_tokens` is the prefill instance's (held and cached KV it
-        reused), as for a stream's final turn on a single instance.
+        reused), as for a stream's final turn on a single instance, and its `pd_claimed` says
+        whether the turn ran here as the stream's session turn.
         """
         import aiohttp
 
@@ -90,13 +91,16 @@ class RouterFinal:
                         last = out
             if last is None:
                 raise StreamError("PD router returned no output", sid)
+            last = dict(last)
+            meta = dict(last.get("meta_info", {}))
+            # whether the router's copy reached this instance and ran as the session turn
+            # (False: another prefill instance served it as a plain request)
+            meta["pd_claimed"] = pending.claimed
             if pending.claimed:  # the prefill side ends (done, failed or aborted) on its own
                 await pending.done.wait()
                 if "cached_tokens" in pending.prefill_meta:
-                    last = dict(last)
-                    meta = dict(last.get("meta_info", {}))
                     meta["cached_tokens"] = pending.prefill_meta["cached_tokens"]
-                    last["meta_info"] = meta
+            last["meta_info"] = meta
             yield last
         except aiohttp.ClientError as exc:
             raise StreamError(f"PD router unreachable: {exc}", sid) from exc

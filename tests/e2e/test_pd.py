@@ -73,7 +73,10 @@ def test_append_stream_through_the_router_equals_single_instance(pd, server):
     assert final["output_ids"] == reference_ids(server, CONTEXT + QUESTION)
     meta = final["meta_info"]
     assert meta["id"] == "pd-append" and meta["stream"]["turns"] >= 2
-    # the prefill instance reused the KV its prefill-only turns left in the stream's session
+    # the router's copy ran here as the stream's session turn (claimed), reusing the KV its
+    # prefill-only turns left in the session (cached_tokens alone holds even unclaimed: a
+    # plain request hits the radix cache too)
+    assert meta["pd_claimed"] is True, meta
     assert meta["cached_tokens"] > 0
     assert requests.get(f"{url}/stream/pd-append", timeout=30).status_code == 409  # ended
 

@@ -93,6 +93,39 @@ def test_one_connection_ndjson_stream(server):
     assert events[-2]["output_ids"] == reference_ids(server, CONTEXT + QUESTION)
 
 
+def test_a_dropped_ndjson_connection_ends_its_stream_without_a_traceback(server, server_log):
+    """The client goes away in the middle of the command lines: the stream is aborted (KV
+    freed) and the server logs no traceback for it."""
+    import socket
+
+    from tests.conftest import API_KEY
+
+    start = server_log.stat().st_size
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(
+            f"POST /stream HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {API_KEY}\r\n"
+            "Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        for line in (
+            {"op": "open", "stream_id": "h-drop", "sampling_params": GREEDY},
+            {"op": "append", "text": CONTEXT},
+        ):
+            data = orjson.dumps(line) + b"\n"
+            sock.sendall(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        deadline = time.monotonic() + 60
+        while server.status("h-drop").status_code != 403:  # open: only its connection may act
+            assert time.monotonic() < deadline, "the stream never opened"
+            time.sleep(0.1)
+    deadline = time.monotonic() + 60
+    while (status := server.status("h-drop")).status_code != 409:  # ended with the connection
+        assert time.monotonic() < deadline, status.text
+        time.sleep(0.1)
+    assert "disconnect" in status.json()["error"]["message"], status.text
+    logged = server_log.read_bytes()[start:].decode(errors="replace")
+    assert "Traceback" not in logged and "Exception in ASGI" not in logged, logged[-3000:]
+
+
 def test_one_connection_refuses_a_finish_that_keeps_the_stream_open(server):
     lines = [{"op": "open", "text": CONTEXT}, {"op": "finish", "keep_open": True}]
     raw = b"".join(orjson.dumps(line) + b"\n" for line in lines)
@@ -239,6 +272,31 @@ def test_client_disconnect_during_output_aborts_the_stream(server):
     assert status.status_code == 409
     # aborted for the disconnect, not finished (400 tokens would also end it, later)
     assert "client disconnected" in status.json()["error"]["message"], status.json()
+
+
+def test_a_large_chunk_is_tokenized_off_the_event_loop(server):
+    """The server answers other calls while a 1 MB chunk is tokenized: tokenized on the event
+    loop, every other request waited for the whole of it."""
+    import threading
+
+    assert post(server, "/stream/open", {"stream_id": "h-big", "sampling_params": GREEDY}).ok
+    done, result = threading.Event(), {}
+
+    def append():
+        chunk = {"stream_id": "h-big", "text": "word " * 200_000}  # 1,000,000 characters
+        result["resp"] = post(server, "/stream/append", chunk)
+        done.set()
+
+    thread = threading.Thread(target=append)
+    thread.start()
+    answered = 0
+    while not done.is_set():
+        info = requests.get(f"{server.url}/stream/h-nobody", headers=server.headers, timeout=60)
+        answered += info.status_code == 404 and not done.is_set()
+    thread.join()
+    # far beyond the model's context: refused after tokenizing, the stream aborted
+    assert result["resp"].status_code == 413, result["resp"].text
+    assert answered >= 3, answered
 
 
 def test_idle_stream_times_out_over_http(server):

@@ -38,6 +38,10 @@ def test_more_streams_than_kv_all_complete_with_identical_output(policy, preempt
 
     counters = result["counters"]
     assert counters["policy"] == policy
+    # the adapter's every read works on this SGLang's live scheduler (adapter.check_contract),
+    # and no hook fell back to SGLang's own behaviour (its writes: preemption, swap, accounting)
+    assert counters["adapter_contract"] == [], counters["adapter_contract"]
+    assert counters["hook_errors"] == 0, counters
     preempted = counters["preemptions_recompute"] + counters["preemptions_swap"]
     assert preempted > 0, counters  # the pool was too small: streams had to give up KV
     if preemption == "swap":

@@ -73,6 +73,9 @@ def test_a_stale_turn_is_cancelled_and_the_output_is_unchanged(engine):
     assert queued, "the plain request ended before the stream's turn was sent"
     assert status["cancelled"] > 0, status  # v2's turn was aborted, not finished
     assert out["output_ids"] == reference(engine, v3 + QUESTION)["output_ids"]
+    # the rollbacks, the cancellation and the ordering ran through the adapter without a
+    # hook falling back to SGLang's own behaviour
+    assert engine.sched_counters()["hook_errors"] == 0
 
 
 def test_a_finish_does_not_wait_behind_its_own_queued_prefill_turn(engine):

@@ -28,6 +28,24 @@ def test_every_hook_target_resolves_in_installed_sglang():
         assert callable(fn) and kind in {"BEFORE", "AFTER", "AROUND", "REPLACE"}
 
 
+def test_every_hook_names_its_targets_parameters_as_the_target_does():
+    """An SGLang upgrade that renames or reorders a hooked method's parameters fails here
+    (the hook would otherwise read the wrong argument). A hook's explicit parameters, after
+    `original` (AROUND) or `result` (AFTER), must be the target's leading ones."""
+    import inspect
+    import pkgutil
+
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    for target, fn, kind in plugin.hooks():
+        named = [n for n, p in inspect.signature(fn).parameters.items() if p.kind in positional]
+        if kind in {"AROUND", "AFTER"}:
+            named = named[1:]  # original / result
+        owner, attr = target.rsplit(".", 1)
+        theirs = inspect.signature(getattr(pkgutil.resolve_name(owner), attr)).parameters
+        theirs = [n for n, p in theirs.items() if p.kind in positional]
+        assert theirs[: len(named)] == named, (target, named, theirs)
+
+
 def _reference_neox_rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
     dim = x.shape[-1]
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))

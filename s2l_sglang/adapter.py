@@ -1,0 +1,359 @@
+"""The one module that reads and writes SGLang's scheduler internals.
+
+Everything the stream scheduler knows of SGLang's `Scheduler` comes from `snapshot()`; every
+change it makes goes through `apply()` and the few writes below. The decisions between them
+are pure (`sched/decide.py`). What is read and written:
+- the waiting queue (`Scheduler.waiting_queue`): each request's rid, input length, output
+  budget, queue-entry time (`time_stats.wait_queue_entry_time`) and prefix-cache hit
+  (`Req.prefix_len`, as SGLang last matched it); the queue's order is written back;
+- the running batch (`Scheduler.running_batch.reqs`): the KV its requests will still take,
+  counted as SGLang's `PrefillAdder` counts it (clipped output left x `new_token_ratio`);
+- the chunked request (`Scheduler.chunked_req`): its next chunk;
+- the pool (`token_to_kv_pool_allocator.available_size()`, `tree_cache.evictable_size()`);
+- session slots (`tree_cache.session.slots`: committed and allocated lengths, whether a turn
+  is in flight) and sessions (`session_controller`);
+- KV release (`tree_cache.release_session`), copy to host and back (`radix_ext.swap`), rollback
+  of a session's committed lengths (`radix_ext.rollback`), aborting a waiting request
+  (`Scheduler.abort_request`);
+- the hooks' own targets: a turn's `session_params` (read and reset), the scheduler's request
+  dispatcher, `get_internal_state`'s result.
+`check_contract()` runs every read against a live scheduler and names what is missing; its
+result is exported (`adapter_contract` in `s2l_sched`) and tested, so an SGLang upgrade that
+moves any of these fails one test that points here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from s2l_sglang.rid import stream_of
+from s2l_sglang.sched.decide import Actions, HostCopy, SlotView, Snapshot, WaitingReq
+
+
+def _clip_max_new() -> int:
+    from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
+
+    return int(CLIP_MAX_NEW_TOKENS)
+
+
+# ---- reads --------------------------------------------------------------------------------
+
+
+def now() -> float:
+    """SGLang's clock for queue-entry times."""
+    return time.perf_counter()
+
+
+def entered(req: Any, default: float) -> float:
+    """When `req` entered SGLang's waiting queue; `default` if unset."""
+    return getattr(getattr(req, "time_stats", None), "wait_queue_entry_time", 0.0) or default
+
+
+def waiting_rids(scheduler: Any) -> list[str]:
+    return [req.rid for req in scheduler.waiting_queue]
+
+
+def waiting_entries(scheduler: Any, at: float) -> list[tuple[str, float]]:
+    """(rid, queue-entry time) of each waiting request, in queue order."""
+    return [(req.rid, entered(req, at)) for req in scheduler.waiting_queue]
+
+
+def has_work_waiting(scheduler: Any) -> bool:
+    """Something waits for prefill: a queued request or a chunked one mid-prefill."""
+    return bool(scheduler.waiting_queue) or scheduler.chunked_req is not None
+
+
+def _slot_kv(scheduler: Any, sid: str) -> Any:
+    slot = scheduler.tree_cache.session.slots.get(sid)
+    return slot.kv if slot is not None and slot.kv.holds_kv else None
+
+
+def slots(scheduler: Any) -> dict[str, SlotView]:
+    """The session slots that hold KV."""
+    out = {}
+    controller = scheduler.session_controller
+    for sid, slot in scheduler.tree_cache.session.slots.items():
+        kv = slot.kv
+        if not kv.holds_kv:
+            continue
+        session = controller.get(sid)
+        inflight = session is None or bool(session._inflight)
+        out[sid] = SlotView(sid, kv.kv_committed_len, kv.kv_allocated_len, inflight)
+    return out
+
+
+def waiting(scheduler: Any, at: float) -> tuple[WaitingReq, ...]:
+    clip = _clip_max_new()
+    slot_of = scheduler.tree_cache.session.slots
+    out = []
+    for req in scheduler.waiting_queue:
+        sid = stream_of(req.rid)
+        slot = slot_of.get(sid) if sid is not None else None
+        out.append(
+            WaitingReq(
+                rid=req.rid,
+                prompt_len=len(req.origin_input_ids),
+                prefix_hit=int(getattr(req, "prefix_len", 0) or 0),
+                max_new=min(req.sampling_params.max_new_tokens or 0, clip),
+                entered=entered(req, at),
+                borrowed=slot is not None and req.kv is slot.kv,
+            )
+        )
+    return tuple(out)
+
+
+def running_reserve(scheduler: Any, running_batch: Any = None) -> int:
+    """KV the running batch (the one `get_new_batch_prefill` is given, else the scheduler's)
+    will still take, as SGLang's `PrefillAdder` reserves it."""
+    batch = running_batch if running_batch is not None else scheduler.running_batch
+    reqs = getattr(batch, "reqs", None) or []
+    if not reqs:
+        return 0
+    clip, ratio = _clip_max_new(), new_token_ratio(scheduler)
+    total = 0.0
+    for r in reqs:
+        params = r.sampling_params
+        left = min((params.max_new_tokens or 0) - len(r.output_ids), clip)
+        total += left * (1.0 if params.ignore_eos else ratio)
+    return int(total)
+
+
+def new_token_ratio(scheduler: Any) -> float:
+    """SGLang's estimate of how much of its output budget a running request will use."""
+    return float(scheduler.new_token_ratio_tracker.current)
+
+
+def chunked_next(scheduler: Any) -> int:
+    """Tokens of the mid-prefill request's next chunk (0 when none)."""
+    chunked = scheduler.chunked_req
+    if chunked is None:
+        return 0
+    chunk = scheduler.chunked_prefill_size or 0
+    held = chunked.kv.kv_allocated_len if chunked.kv.holds_kv else 0
+    return max(0, min(len(chunked.full_untruncated_fill_ids) - held, chunk))
+
+
+def host_copies(scheduler: Any, host: Any) -> tuple[HostCopy, ...]:
+    if host is None or not host.entries:
+        return ()
+    controller = scheduler.session_controller
+    return tuple(
+        HostCopy(sid, entry.size, controller.get(sid) is not None)
+        for sid, entry in host.entries.items()
+    )
+
+
+def snapshot(scheduler: Any, host: Any = None, running_batch: Any = None) -> Snapshot:
+    """SGLang's scheduler state now, as `sched.decide` needs it."""
+    at = now()
+    available = int(scheduler.token_to_kv_pool_allocator.available_size())
+    evictable = int(scheduler.tree_cache.evictable_size())
+    free = available + evictable - running_reserve(scheduler, running_batch)
+    return Snapshot(
+        now=at,
+        waiting=waiting(scheduler, at),
+        slots=slots(scheduler),
+        free_kv=free,
+        available=available,
+        chunked_next=chunked_next(scheduler),
+        host=host_copies(scheduler, host),
+        host_free=host.free_tokens if host is not None else 0,
+    )
+
+
+def session_open(scheduler: Any, sid: str) -> bool:
+    return scheduler.session_controller.get(sid) is not None
+
+
+def open_sessions(scheduler: Any) -> set[str]:
+    return set(scheduler.session_controller.sessions)
+
+
+def live_counts(scheduler: Any) -> dict[str, int]:
+    """What streams hold right now: open sessions and session slots (each pins KV); this
+    scheduler's data-parallel rank; requests waiting and running (all of them, not only
+    streams')."""
+    from sglang.srt.runtime_context import get_parallel
+
+    found = getattr(getattr(scheduler.tree_cache, "session", None), "slots", {})
+    return {
+        "open_sessions": len(scheduler.session_controller.sessions),
+        "session_slots": len(found),
+        "dp_rank": get_parallel().dp_rank or 0,
+        "waiting_reqs": len(scheduler.waiting_queue),
+        "running_reqs": len(getattr(scheduler.running_batch, "reqs", None) or []),
+    }
+
+
+def committed_tokens(scheduler: Any, sid: str) -> list[int]:
+    """The token ids whose KV stream `sid`'s session holds (its last finished turn's)."""
+    session = scheduler.session_controller.get(sid)
+    if session is None or not session.req_nodes or session.committed_origin_len is None:
+        return []
+    [node] = session.req_nodes.values()
+    return list(node.req.origin_input_ids[: session.committed_origin_len])
+
+
+class Admitted(NamedTuple):
+    rid: str
+    extend_len: int
+    obj_id: int  # identity of SGLang's request (a rid can be reused after an abort)
+
+
+def admitted(batch: Any) -> list[Admitted]:
+    """The requests a prefill batch admitted (`get_new_batch_prefill`'s result)."""
+    batch = getattr(batch, "batch_to_run", batch)  # SGLang returns a NextBatchPlan
+    if batch is None:
+        return []
+    return [Admitted(r.rid, int(r.extend_len), id(r)) for r in batch.reqs]
+
+
+def waiting_ids(scheduler: Any) -> dict[str, int]:
+    """rid -> identity of each waiting request (what `admitted` matches)."""
+    return {req.rid: id(req) for req in scheduler.waiting_queue}
+
+
+def model_dtype(scheduler: Any) -> str:
+    return str(scheduler.model_config.dtype).replace("torch.", "")
+
+
+def server_args(scheduler: Any) -> Any:
+    return scheduler.server_args
+
+
+def max_total_tokens(scheduler: Any) -> int:
+    return int(scheduler.max_total_num_tokens)
+
+
+def metrics_enabled(scheduler: Any) -> bool:
+    return bool(getattr(scheduler, "enable_metrics", False))
+
+
+def is_waiting_queue(scheduler: Any, queue: Any) -> bool:
+    return scheduler is not None and queue is scheduler.waiting_queue
+
+
+# ---- writes -------------------------------------------------------------------------------
+
+
+def reorder(scheduler: Any, order: Iterable[str]) -> None:
+    """Put the waiting queue in `order` (rids; unknown ones skipped)."""
+    by_rid = {req.rid: req for req in scheduler.waiting_queue}
+    scheduler.waiting_queue[:] = [by_rid[rid] for rid in order if rid in by_rid]
+
+
+class Applied(NamedTuple):
+    dropped: tuple[int, ...] = ()  # sizes of the host copies dropped
+    swapped_in: tuple[Any, ...] = ()  # radix_ext.swap.SwapInResult per swap-in
+    preempted: tuple[tuple[str, str, int], ...] = ()  # (sid, mode done, tokens)
+
+
+def apply(scheduler: Any, actions: Actions, host: Any = None) -> Applied:
+    """Carry out `actions` in order: drops, swap-ins, preemptions. A swap that the host pool
+    declines (pages > 1, no room) is done as a recompute."""
+    dropped = tuple(host.drop(sid) for sid in actions.drop_copies) if host is not None else ()
+    swapped = tuple(host.swap_in(scheduler.tree_cache, sid) for sid in actions.swap_in)
+    done = []
+    cache = scheduler.tree_cache
+    for p in actions.preempt:
+        if p.sid not in cache.session.slots:
+            continue
+        if p.mode == "swap" and host is not None:
+            n = host.swap_out(cache, p.sid, committed_tokens(scheduler, p.sid))
+            if n:
+                done.append((p.sid, "swap", n))
+                continue
+        cache.release_session(p.sid)
+        done.append((p.sid, "recompute", p.tokens))
+    return Applied(dropped, swapped, tuple(done))
+
+
+def abort_waiting(scheduler: Any, rid: str, message: str) -> None:
+    """Abort waiting request `rid` through SGLang's own abort path."""
+    from sglang.srt.managers.io_struct import AbortReq
+
+    reason = {"type": "abort", "message": message}
+    scheduler.abort_request(AbortReq(rid=rid, finished_reason=reason))
+
+
+def add_handlers(scheduler: Any, pairs: list[tuple[type, Any]]) -> None:
+    """Handle our request types in the scheduler's dispatcher."""
+    from sglang.utils import TypeBasedDispatcher
+
+    scheduler._request_dispatcher += TypeBasedDispatcher(pairs)
+
+
+def export_state(result: Any, key: str, value: Any) -> None:
+    """Add `value` to `get_internal_state`'s result under `key`."""
+    result.internal_state[key] = value
+
+
+# ---- a streaming session's turn (Session.create_req) --------------------------------------
+
+
+def is_streaming(session: Any) -> bool:
+    return bool(session.streaming)
+
+
+def take_replace(req: Any) -> int | None:
+    """A turn's update-mode replace: its kept-prefix offset, with `replace` and `offset`
+    taken off its `session_params` (SGLang's streaming sessions reject them); None if the
+    turn appends."""
+    params = req.session_params
+    if params is None or not params.replace:
+        return None
+    from sglang.srt.managers.io_struct import SessionParams
+
+    req.session_params = SessionParams(id=params.id)
+    return params.offset or 0
+
+
+def rollback(session: Any, scheduler: Any, keep: int) -> Any:
+    """Roll the session's KV back to its first `keep` committed tokens (radix_ext)."""
+    from radix_ext import rollback_streaming_session
+
+    return rollback_streaming_session(session, scheduler.tree_cache, keep)
+
+
+def finish_turn_with_abort(new_req: Any, tokenizer: Any, failure: str | None) -> None:
+    """Give SGLang's new request its tokenizer back, and abort it with `failure` if set."""
+    new_req.tokenizer = tokenizer
+    if failure is not None and new_req.to_finish is None:
+        new_req.set_finish_with_abort(failure)
+
+
+# ---- the contract -------------------------------------------------------------------------
+
+
+def check_contract(scheduler: Any) -> list[str]:
+    """Run every read above against the live `scheduler`; the names of those that fail
+    (empty: this SGLang has everything the adapter uses)."""
+    failures = []
+    checks = {
+        "waiting_queue": lambda: isinstance(scheduler.waiting_queue, list),
+        "snapshot": lambda: isinstance(snapshot(scheduler), Snapshot),
+        "running_batch.reqs": lambda: isinstance(
+            getattr(scheduler.running_batch, "reqs", []), list
+        ),
+        "new_token_ratio": lambda: new_token_ratio(scheduler) >= 0,
+        "chunked_prefill_size": lambda: chunked_next(scheduler) >= 0,
+        "session.slots": lambda: isinstance(scheduler.tree_cache.session.slots, dict),
+        "session_controller.sessions": lambda: open_sessions(scheduler) is not None,
+        "release_session": lambda: callable(scheduler.tree_cache.release_session),
+        "abort_request": lambda: callable(scheduler.abort_request),
+        "page_size": lambda: int(scheduler.tree_cache.page_size) >= 1,
+        "live_counts": lambda: live_counts(scheduler)["dp_rank"] >= 0,
+        "model_dtype": lambda: bool(model_dtype(scheduler)),
+        "max_total_tokens": lambda: max_total_tokens(scheduler) > 0,
+        "request_dispatcher": lambda: scheduler._request_dispatcher is not None,
+        "CLIP_MAX_NEW_TOKENS": lambda: _clip_max_new() > 0,
+    }
+    for name, check in checks.items():
+        try:
+            if not check():
+                failures.append(name)
+        except Exception as exc:  # the point: name what this SGLang lacks
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+    return failures

@@ -1,0 +1,250 @@
+"""The scheduler's decisions as pure functions: `decide(snapshot, ...) -> Actions`.
+
+SGLang's scheduler state reaches this module only as a `Snapshot` (built by
+`s2l_sglang/adapter.py`, the one module that reads SGLang internals), and the decisions leave
+it only as `Actions` (applied by the same adapter). Nothing here imports sglang or torch, so
+every decision is unit-tested on hand-built snapshots (tests/unit/test_decide.py).
+
+One scheduling step, before SGLang builds a prefill batch:
+1. host copies nobody will swap in are dropped (their stream closed, or holds a slot again);
+2. swap-ins: the host KV of streams whose next turn waits comes back, the policy's next
+   admission first (evicting LRU cache if needed), others only into free KV;
+3. preemptions: where the plan (`planner.plan`) of the policy's next admission does not fit
+   the free KV, its victims (idle streams, and waiting turns that have not borrowed their
+   slot) are preempted, lowest priority first, each by the mode the `Preemption` picks for its
+   own held tokens.
+The waiting queue's order is a separate decision (`decide_order`, at SGLang's
+`calc_priority`), and so is the cancellation of a stale speculative turn (`may_cancel`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal, NamedTuple
+
+from s2l_sglang.rid import is_final, is_speculative, is_volatile, stream_of
+from s2l_sglang.sched.planner import choose_victims, plan
+from s2l_sglang.sched.policy import Policy
+from s2l_sglang.sched.preemption import Preemption
+from s2l_sglang.sched.snapshot import ReqView
+
+
+class StreamInfo(NamedTuple):
+    """What the scheduler knows of one stream from its turns (perf_counter seconds)."""
+
+    opened: float
+    last_chunk: float
+    complete: bool = False
+
+
+class WaitingReq(NamedTuple):
+    """One request in SGLang's waiting queue."""
+
+    rid: str
+    prompt_len: int  # its input tokens (origin_input_ids)
+    prefix_hit: int  # tokens SGLang last matched for it in the prefix cache
+    max_new: int  # its output budget, clipped as SGLang clips it for admission
+    entered: float  # when it entered SGLang's waiting queue
+    borrowed: bool  # a stream turn that already runs on its session's KV row
+
+
+class SlotView(NamedTuple):
+    """A stream's session slot that holds KV (its committed and allocated tokens)."""
+
+    sid: str
+    committed: int
+    allocated: int
+    inflight: bool  # a turn of the stream is in flight (waiting or running)
+
+
+class HostCopy(NamedTuple):
+    """A stream's KV swapped out to the host pool."""
+
+    sid: str
+    size: int
+    session_open: bool
+
+
+class Snapshot(NamedTuple):
+    """SGLang's scheduler state at one step, as the decisions need it (KV in tokens)."""
+
+    now: float
+    waiting: tuple[WaitingReq, ...]
+    slots: Mapping[str, SlotView]  # sid -> its slot, only slots holding KV
+    #: KV free now: the allocator's free tokens plus what LRU eviction of the prefix cache can
+    #: free, less what the running batch will still take (SGLang's own admission reserve)
+    free_kv: int
+    available: int  # the allocator's free tokens alone (swap-ins of non-head streams use it)
+    chunked_next: int  # tokens of the mid-prefill request's next chunk (0: none)
+    host: tuple[HostCopy, ...]
+    host_free: int  # room left in the host pool, in tokens
+
+
+class Preempt(NamedTuple):
+    sid: str
+    mode: Literal["recompute", "swap"]
+    tokens: int  # the KV tokens it holds
+
+
+class Actions(NamedTuple):
+    """What one step decided, in the order the adapter applies it."""
+
+    drop_copies: tuple[str, ...] = ()  # host copies to drop (counted as recompute)
+    swap_in: tuple[str, ...] = ()  # streams whose host copy comes back
+    preempt: tuple[Preempt, ...] = ()  # victims, lowest priority first
+    shortfall: int = 0  # the KV the plan lacked (what the preemptions cover)
+    planned: bool = False  # the plan step ran (KV held by preemptible streams was at stake)
+
+
+NOTHING = Actions()
+
+
+def record_turn(streams: Mapping[str, StreamInfo], rid: str, now: float) -> StreamInfo:
+    """The stream's info once turn `rid` arrived (its last chunk's arrival; final or not)."""
+    info = streams.get(stream_of(rid) or "")
+    opened = info.opened if info is not None else now
+    return StreamInfo(opened=opened, last_chunk=now, complete=is_final(rid))
+
+
+def views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqView]:
+    """One `ReqView` per waiting request and per idle stream (a slot with no turn in flight).
+
+    A waiting turn that has not borrowed its slot yet can be preempted like an idle stream
+    (its next admission re-matches from the tree); one that has, cannot. A plain request keeps
+    the time it entered SGLang's queue, so it is never overtaken for ever by later work of its
+    own class. Its KV need is what SGLang's admission asks: the extend past its prefix hit (or
+    past what its stream's slot holds) plus its clipped output budget.
+    """
+    out: list[ReqView] = []
+    slots = snap.slots
+    for w in snap.waiting:
+        sid = stream_of(w.rid)
+        info = streams.get(sid) if sid is not None else None
+        slot = slots.get(sid) if sid is not None else None
+        held = slot.committed if slot is not None else 0
+        preemptible = slot is not None and slot.allocated > 0 and not w.borrowed
+        arrival = info.opened if info is not None else w.entered
+        out.append(
+            ReqView(
+                rid=w.rid,
+                is_stream=info is not None,
+                complete=info.complete if info is not None else True,
+                arrival=arrival,
+                last_chunk=info.last_chunk if info is not None else arrival,
+                held=held,
+                pending=max(1, w.prompt_len - max(held, w.prefix_hit)) + w.max_new,
+                state="waiting",
+                decoding=False,
+                reclaimable_kv=slot.allocated if preemptible else 0,
+            )
+        )
+    for sid, slot in slots.items():
+        info = streams.get(sid)
+        if info is None or slot.inflight:
+            continue
+        out.append(
+            ReqView(
+                rid=sid,
+                is_stream=True,
+                complete=info.complete,
+                arrival=info.opened,
+                last_chunk=info.last_chunk,
+                held=slot.committed,
+                pending=0,
+                state="idle",
+                decoding=False,
+                reclaimable_kv=slot.allocated,
+            )
+        )
+    return out
+
+
+def decide_order(
+    snap: Snapshot, streams: Mapping[str, StreamInfo], policy: Policy, keep_sglang_order: bool
+) -> tuple[str, ...] | None:
+    """The waiting queue's order, or None to leave SGLang's.
+
+    Under every policy committed work (plain requests, final turns) goes before speculative
+    work (prefill turns of contexts not yet final), and volatile tails (update mode: what the
+    last refinement rewrote, `rid.is_volatile`) after everything, so speculative turns get only
+    the budget left over. `keep_sglang_order` (the `default` policy): SGLang's order within
+    each class, and nothing to do while no speculative turn waits."""
+    if len(snap.waiting) < 2:
+        return None
+    if keep_sglang_order and not any(is_speculative(w.rid) for w in snap.waiting):
+        return None
+    waiting = [v for v in views(snap, streams) if v.state == "waiting"]
+    order = [v.rid for v in policy.order(waiting)]
+    return tuple([r for r in order if not is_volatile(r)] + [r for r in order if is_volatile(r)])
+
+
+def decide(
+    snap: Snapshot,
+    streams: Mapping[str, StreamInfo],
+    policy: Policy,
+    preemption: Preemption | None,
+) -> Actions:
+    """Drops, swap-ins and preemptions for one step (see the module docstring).
+
+    `preemption` None: no preemption mode is set up yet (nothing is preempted). A swap-in is
+    assumed to take its copy's size from the allocator's free tokens (the tree may still hold
+    part of it); the copy becomes prefix cache that the stream's waiting turn will match."""
+    drop = tuple(c.sid for c in snap.host if not c.session_open or c.sid in snap.slots)
+    copies = {c.sid: c for c in snap.host if c.sid not in drop}
+    if not snap.waiting and not snap.chunked_next:
+        return Actions(drop_copies=drop) if drop else NOTHING
+    all_views = views(snap, streams)
+    first = next((v for v in policy.order(all_views) if v.state == "waiting"), None)
+
+    swap_in: list[str] = []
+    if copies:
+        available = snap.available
+        for w in snap.waiting:
+            sid = stream_of(w.rid)
+            copy = copies.get(sid) if sid is not None else None
+            if copy is None or sid in swap_in:
+                continue
+            if (first is None or w.rid != first.rid) and available < copy.size:
+                continue
+            swap_in.append(copy.sid)
+            available = max(0, available - copy.size)  # the head's evicts LRU cache for room
+        if swap_in:
+            # The copy goes into the prefix cache (evictable, so free_kv stays as it is),
+            # where the turn's own match finds it.
+            back = {s: copies[s].size for s in swap_in}
+            waiting = tuple(
+                w._replace(prefix_hit=max(w.prefix_hit, back.get(stream_of(w.rid) or "", 0)))
+                for w in snap.waiting
+            )
+            snap = snap._replace(waiting=waiting)
+            all_views = views(snap, streams)
+    done = Actions(drop, tuple(swap_in)) if drop or swap_in else NOTHING
+    if first is None or preemption is None or not any(v.reclaimable_kv for v in all_views):
+        return done
+    first = next(v for v in all_views if v.rid == first.rid)
+    free_kv = snap.free_kv - snap.chunked_next  # mid-prefill: its next chunk comes first
+    step = plan(all_views, policy, token_budget=first.pending, free_kv=max(0, free_kv))
+    if step.kv_shortfall <= 0:
+        return done._replace(planned=True)
+    by_rid = {v.rid: v for v in all_views}
+    preempt: list[Preempt] = []
+    host_free = snap.host_free + sum(copies[s].size for s in swap_in)
+    for rid in choose_victims(step, by_rid, step.kv_shortfall):
+        view = by_rid[rid]
+        sid = rid if view.state == "idle" else stream_of(rid)
+        if not view.reclaimable_kv or sid is None or sid not in snap.slots:
+            continue
+        mode = preemption.decide(view.reclaimable_kv, host_free)
+        if mode == "swap":
+            host_free -= view.reclaimable_kv
+        preempt.append(Preempt(sid, mode, view.reclaimable_kv))
+    return Actions(drop, tuple(swap_in), tuple(preempt), step.kv_shortfall, planned=True)
+
+
+def may_cancel(snap: Snapshot, rid: str) -> bool:
+    """A stale speculative turn `rid` may be aborted: it waits and has not borrowed its
+    session's KV row. (SGLang drops the slot of an aborted turn that holds it, and the stream
+    would recompute its whole context; a running turn is left to finish.)"""
+    if not is_speculative(rid):
+        return False
+    return any(w.rid == rid and not w.borrowed for w in snap.waiting)

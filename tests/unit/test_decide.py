@@ -1,0 +1,222 @@
+"""The scheduler's decisions (`sched.decide`) on hand-built snapshots, no engine.
+
+What SGLang's state looks like in a `Snapshot` is the adapter's business (its contract is
+checked against a live scheduler in tests/integration/test_kv_pressure.py); here each decision
+is pinned on a state built by hand: views, the waiting order, drops, swap-ins, preemptions
+with their mode, and cancellation."""
+
+from __future__ import annotations
+
+from s2l_sglang.rid import final_rid, turn_rid, volatile_rid
+from s2l_sglang.sched.decide import (
+    NOTHING,
+    HostCopy,
+    SlotView,
+    Snapshot,
+    StreamInfo,
+    WaitingReq,
+    decide,
+    decide_order,
+    may_cancel,
+    record_turn,
+    views,
+)
+from s2l_sglang.sched.policy import get_policy
+from s2l_sglang.sched.preemption import get_preemption
+
+
+def waiting(rid: str, prompt: int = 100, *, hit: int = 0, max_new: int = 16, entered: float = 0.0,
+            borrowed: bool = False) -> WaitingReq:  # fmt: skip
+    return WaitingReq(rid, prompt, hit, max_new, entered, borrowed)
+
+
+def snap(*reqs: WaitingReq, slots=(), host=(), free_kv=10_000, available=None, chunked=0,
+         host_free=0) -> Snapshot:  # fmt: skip
+    return Snapshot(
+        now=100.0,
+        waiting=tuple(reqs),
+        slots={s.sid: s for s in slots},
+        free_kv=free_kv,
+        available=free_kv if available is None else available,
+        chunked_next=chunked,
+        host=tuple(host),
+        host_free=host_free,
+    )
+
+
+def idle(sid: str, tokens: int) -> SlotView:
+    return SlotView(sid, tokens, tokens, inflight=False)
+
+
+STREAMS = {
+    "a": StreamInfo(opened=1.0, last_chunk=5.0),
+    "b": StreamInfo(opened=2.0, last_chunk=6.0),
+    "c": StreamInfo(opened=3.0, last_chunk=7.0, complete=True),
+}
+
+
+def test_views_count_a_plain_requests_prefix_hit_and_keep_its_queue_entry_time():
+    [plain] = views(snap(waiting("plain-1", 100, hit=60, max_new=16, entered=4.5)), STREAMS)
+    assert (plain.is_stream, plain.complete, plain.arrival, plain.last_chunk) == (
+        False,
+        True,
+        4.5,
+        4.5,
+    )
+    assert plain.pending == 100 - 60 + 16  # the extend past the hit, plus the output budget
+    assert plain.reclaimable_kv == 0
+
+
+def test_views_of_stream_turns_and_idle_slots():
+    s = snap(
+        waiting(turn_rid("a", 2), 300),  # a's next turn, slot not borrowed yet: preemptible
+        waiting(turn_rid("b", 1), 200, borrowed=True),  # runs on b's row: not preemptible
+        slots=[
+            SlotView("a", 250, 260, inflight=True),
+            SlotView("b", 120, 120, inflight=True),
+            idle("c", 400),
+        ],
+    )
+    by = {v.rid: v for v in views(s, STREAMS)}
+    a, b, c = by[turn_rid("a", 2)], by[turn_rid("b", 1)], by["c"]
+    assert (a.held, a.pending, a.reclaimable_kv, a.arrival) == (250, 300 - 250 + 16, 260, 1.0)
+    assert (b.held, b.reclaimable_kv) == (120, 0)
+    assert (c.state, c.pending, c.held, c.reclaimable_kv, c.complete) == ("idle", 0, 400, 400, True)
+    assert "a" not in by and "b" not in by  # a slot with a turn in flight is not idle
+
+
+def test_order_puts_committed_work_first_and_volatile_tails_last_under_every_policy():
+    s = snap(
+        waiting(volatile_rid("a", 3), entered=0.1),
+        waiting(turn_rid("b", 1), entered=0.2),
+        waiting("plain-1", entered=9.0),
+        waiting(final_rid("c"), entered=9.5),
+    )
+    for name in ("fcfs", "lcas", "mcps", "default"):
+        order = decide_order(s, STREAMS, get_policy(name), name == "default")
+        assert order is not None
+        assert set(order[:2]) == {"plain-1", final_rid("c")}, name
+        assert order[2:] == (turn_rid("b", 1), volatile_rid("a", 3)), name
+
+
+def test_default_keeps_sglangs_order_while_nothing_speculative_waits():
+    s = snap(waiting("plain-2", entered=2.0), waiting(final_rid("a"), entered=1.0))
+    assert decide_order(s, STREAMS, get_policy("default"), True) is None
+    assert decide_order(snap(waiting("plain-1")), STREAMS, get_policy("fcfs"), False) is None
+
+
+def test_fcfs_orders_plain_requests_by_their_own_entry_time():
+    """No starvation by order: a plain request that entered earlier goes first however many
+    later requests arrive (its arrival is never re-stamped)."""
+    s = snap(*(waiting(f"plain-{i}", entered=10.0 - i) for i in range(5)))
+    order = decide_order(s, STREAMS, get_policy("fcfs"), False)
+    assert order == tuple(f"plain-{i}" for i in reversed(range(5)))
+
+
+def test_nothing_waits_only_stale_host_copies_go():
+    s = snap(
+        slots=[idle("a", 10)],
+        host=[HostCopy("a", 10, True), HostCopy("gone", 20, False), HostCopy("b", 5, True)],
+    )
+    actions = decide(s, STREAMS, get_policy("fcfs"), get_preemption("swap"))
+    assert actions.drop_copies == ("a", "gone")  # a holds a slot again; gone closed
+    assert actions.swap_in == () and actions.preempt == ()
+    assert decide(snap(), STREAMS, get_policy("fcfs"), get_preemption("swap")) is NOTHING
+
+
+def test_swap_in_the_next_admission_always_and_others_only_into_free_kv():
+    s = snap(
+        waiting(final_rid("c"), 500),  # committed: fcfs admits it first
+        waiting(turn_rid("a", 2), 500),
+        waiting(turn_rid("b", 2), 500),
+        host=[HostCopy("c", 900, True), HostCopy("a", 300, True), HostCopy("b", 100, True)],
+        free_kv=5_000,
+        available=1_000,
+    )
+    actions = decide(s, STREAMS, get_policy("fcfs"), get_preemption("swap"))
+    # c goes back first (it is next); a does not fit the 100 free tokens left; b does
+    assert actions.swap_in == ("c", "b")
+    # the next admission's copy goes back even into no free KV (it evicts LRU cache); then
+    # nothing is free for the others
+    tight = decide(s._replace(available=400), STREAMS, get_policy("fcfs"), get_preemption("swap"))
+    assert tight.swap_in == ("c",)
+
+
+def test_preempt_the_idle_stream_when_the_next_admission_lacks_kv():
+    s = snap(
+        waiting("plain-1", 1_000, max_new=0, entered=1.0),
+        slots=[idle("a", 800), idle("b", 300)],
+        free_kv=600,
+    )
+    actions = decide(s, STREAMS, get_policy("fcfs"), get_preemption("recompute"))
+    assert actions.planned and actions.shortfall == 400
+    # lowest priority first (b opened later), and only as many as the shortfall needs
+    assert [p[:2] for p in actions.preempt] == [("b", "recompute"), ("a", "recompute")]
+    enough = decide(s._replace(free_kv=1_000), STREAMS, get_policy("fcfs"),
+                    get_preemption("recompute"))  # fmt: skip
+    assert enough.planned and enough.preempt == () and enough.shortfall == 0
+
+
+def test_the_running_batch_and_the_chunked_request_take_kv_first():
+    """The adapter counts the running batch's reserve out of free_kv; the chunked request's
+    next chunk is taken from it here: either can make the plan short."""
+    base = snap(waiting("plain-1", 500, max_new=0), slots=[idle("a", 800)], free_kv=600)
+    fcfs, recompute = get_policy("fcfs"), get_preemption("recompute")
+    assert decide(base, STREAMS, fcfs, recompute).preempt == ()
+    chunked = decide(base._replace(chunked_next=200), STREAMS, fcfs, recompute)
+    assert chunked.shortfall == 100 and [p.sid for p in chunked.preempt] == ["a"]
+
+
+def test_a_prefix_hit_makes_a_plan_fit():
+    s = snap(waiting("plain-1", 1_000, hit=800, max_new=0), slots=[idle("a", 500)], free_kv=300)
+    assert decide(s, STREAMS, get_policy("fcfs"), get_preemption("recompute")).preempt == ()
+    s = s._replace(waiting=(waiting("plain-1", 1_000, hit=0, max_new=0),))
+    assert [p.sid for p in decide(s, STREAMS, get_policy("fcfs"),
+                                  get_preemption("recompute")).preempt] == ["a"]  # fmt: skip
+
+
+def test_swap_while_the_host_pool_has_room_then_recompute():
+    s = snap(
+        waiting("plain-1", 2_000, max_new=0),
+        slots=[idle("a", 800), idle("b", 700)],
+        free_kv=600,
+        host_free=1_000,
+    )
+    actions = decide(s, STREAMS, get_policy("fcfs"), get_preemption("swap"))
+    assert [(p.sid, p.mode, p.tokens) for p in actions.preempt] == [
+        ("b", "swap", 700),
+        ("a", "recompute", 800),  # 300 left in the host pool: a does not fit
+    ]
+
+
+def test_no_preemption_mode_yet_means_no_preemption():
+    s = snap(waiting("plain-1", 2_000), slots=[idle("a", 800)], free_kv=0)
+    assert decide(s, STREAMS, get_policy("fcfs"), None).preempt == ()
+
+
+def test_a_turn_that_borrowed_its_row_is_never_a_victim():
+    s = snap(
+        waiting(turn_rid("a", 2), 2_000, borrowed=True),
+        slots=[SlotView("a", 900, 900, inflight=True)],
+        free_kv=0,
+    )
+    assert decide(s, STREAMS, get_policy("fcfs"), get_preemption("recompute")) is NOTHING
+
+
+def test_may_cancel_only_a_waiting_speculative_turn_that_has_not_borrowed_its_row():
+    s = snap(
+        waiting(turn_rid("a", 2)),
+        waiting(turn_rid("b", 2), borrowed=True),
+        waiting(final_rid("c")),
+    )
+    assert may_cancel(s, turn_rid("a", 2))
+    assert not may_cancel(s, turn_rid("b", 2))  # SGLang would drop b's slot
+    assert not may_cancel(s, final_rid("c"))  # committed work is never cancelled
+    assert not may_cancel(s, turn_rid("a", 3))  # not waiting (running, or gone)
+
+
+def test_record_turn_keeps_the_opening_time_and_marks_the_final_turn():
+    first = record_turn({}, turn_rid("x", 1), 3.0)
+    assert first == StreamInfo(3.0, 3.0, False)
+    final = record_turn({"x": first}, final_rid("x"), 8.0)
+    assert final == StreamInfo(3.0, 8.0, True)
