@@ -5,7 +5,8 @@
 - `cpu-full`: tails on a CPU: 100 queries per workload at two rates each; about 57 minutes.
 - `paper-regime`: the paper's shapes and load on this machine: whole traces (up to 6,000 tokens),
   the timeline stretched by the paper's prefill rate / ours, the paper's rates mapped at equal
-  utilization (`bench.harness.paper`); about 95 minutes (measured 2026-12-01).
+  utilization (`bench.harness.paper`); 60-95 minutes, the slower the machine's prefill the
+  longer (measured 2026-12-01: 95 min at 572 tokens/s, 69 min at 723).
 - `memory-pressure`: a KV pool smaller than what the concurrent streams hold, chunk delays x10.
 - `gpu`, `gpu-memory-pressure`: an 8B model on one H100/H200.
 
@@ -173,7 +174,8 @@ register_preset(
         "x 2 GPUs / 16 GFLOP per token = 49,300 tokens/s); the local rate is the speed probe at "
         "the start, on prompts of the queries' mean length. Rates are the paper's QPS "
         "(every crawler row: --workloads crawler --rates 0.5,1,2,4, about 6 hours). About "
-        "95 minutes at ~570 tokens/s (2026-12-01, measured; bench.harness.budget says 76): "
+        "95 minutes at ~570 tokens/s and 69 at 723 (2026-12-01, measured; the timeline scales "
+        "with the machine's prefill rate): "
         "each replay lasts until its slowest query's stretched collection ends (crawler "
         "~25 min, ANN ~18 min).",
     )
