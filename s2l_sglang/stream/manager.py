@@ -185,9 +185,6 @@ class StreamManager:
         self.max_chunk_chars = max_chunk_chars
         self.streams: dict[str, Stream] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()  # sid -> "finished" | "aborted: ..."
-        #: sid -> the engine error (overload, timeout, internal) that ended it: later calls
-        #: get it with its status (SGLang's 503 for a full queue: the client may retry)
-        self._failed: OrderedDict[str, EngineError] = OrderedDict()
         self.totals = StreamCounters()
         self._reaper: asyncio.Task | None = None
         # Where final turns run instead of this tokenizer manager: set on a PD prefill
@@ -571,11 +568,6 @@ class StreamManager:
         return stream
 
     def _raise_missing(self, sid: str):
-        failed = self._failed.get(sid)
-        if failed is not None:
-            err = EngineError(f"stream {sid!r} has ended ({self._ended.get(sid)})", sid)
-            err.status = failed.status
-            raise err from failed
         if sid in self._ended:
             raise StreamClosed(f"stream {sid!r} has ended ({self._ended[sid]})", sid)
         raise UnknownStream(f"unknown stream {sid!r}", sid)
@@ -1025,10 +1017,6 @@ class StreamManager:
         self._ended[stream.sid] = reason
         while len(self._ended) > 100_000:
             self._ended.popitem(last=False)
-        if isinstance(stream.error, EngineError):
-            self._failed[stream.sid] = stream.error
-            while len(self._failed) > 10_000:
-                self._failed.popitem(last=False)
         if stream.inflight_rid is not None:
             self.tm.abort_request(rid=stream.inflight_rid)
         # Closing with a turn in flight is deferred by SGLang until that turn ends.
