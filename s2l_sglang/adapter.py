@@ -65,11 +65,6 @@ def has_work_waiting(scheduler: Any) -> bool:
     return bool(scheduler.waiting_queue) or scheduler.chunked_req is not None
 
 
-def _slot_kv(scheduler: Any, sid: str) -> Any:
-    slot = scheduler.tree_cache.session.slots.get(sid)
-    return slot.kv if slot is not None and slot.kv.holds_kv else None
-
-
 def slots(scheduler: Any) -> dict[str, SlotView]:
     """The session slots that hold KV."""
     out = {}
@@ -161,10 +156,6 @@ def snapshot(scheduler: Any, host: Any = None, running_batch: Any = None) -> Sna
         host=host_copies(scheduler, host),
         host_free=host.free_tokens if host is not None else 0,
     )
-
-
-def session_open(scheduler: Any, sid: str) -> bool:
-    return scheduler.session_controller.get(sid) is not None
 
 
 def open_sessions(scheduler: Any) -> set[str]:
