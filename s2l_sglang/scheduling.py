@@ -29,6 +29,7 @@ from s2l_sglang.sched.decide import (
     decide,
     decide_order,
     may_cancel,
+    needs_order,
     record_turn,
 )
 from s2l_sglang.sched.policy import get_policy
@@ -157,10 +158,8 @@ class StreamScheduling:
 
     def order_waiting(self, scheduler: Any) -> None:
         """Reorder SGLang's waiting queue by the policy (`sched.decide.decide_order`)."""
-        if len(adapter.waiting_rids(scheduler)) < 2:
-            return
         keep = self.policy_name == "default"
-        if keep and not any(is_speculative(r) for r in adapter.waiting_rids(scheduler)):
+        if not needs_order(adapter.waiting_rids(scheduler), keep):  # before any snapshot
             return
         order = decide_order(adapter.snapshot(scheduler), self.streams, self.policy, keep)
         if order is not None:

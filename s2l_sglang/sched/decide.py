@@ -159,6 +159,14 @@ def views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqView]:
     return out
 
 
+def needs_order(rids: list[str], keep_sglang_order: bool) -> bool:
+    """Whether waiting requests `rids` need our order at all: two or more, and, keeping
+    SGLang's order within each class, a speculative turn among them."""
+    if len(rids) < 2:
+        return False
+    return not keep_sglang_order or any(is_speculative(r) for r in rids)
+
+
 def decide_order(
     snap: Snapshot, streams: Mapping[str, StreamInfo], policy: Policy, keep_sglang_order: bool
 ) -> tuple[str, ...] | None:
@@ -169,9 +177,7 @@ def decide_order(
     last refinement rewrote, `rid.is_volatile`) after everything, so speculative turns get only
     the budget left over. `keep_sglang_order` (the `default` policy): SGLang's order within
     each class, and nothing to do while no speculative turn waits."""
-    if len(snap.waiting) < 2:
-        return None
-    if keep_sglang_order and not any(is_speculative(w.rid) for w in snap.waiting):
+    if not needs_order([w.rid for w in snap.waiting], keep_sglang_order):
         return None
     waiting = [v for v in views(snap, streams) if v.state == "waiting"]
     order = [v.rid for v in policy.order(waiting)]
