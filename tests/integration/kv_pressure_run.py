@@ -26,6 +26,15 @@ def context(i: int) -> str:
     return f"Document {i}: " + " ".join(words) + ". "
 
 
+def wait_prefilled(eng, sid: str, timeout: float = 300.0) -> None:
+    """Until the engine holds all of stream `sid`'s context (its status, polled)."""
+    deadline = time.monotonic() + timeout
+    while (status := eng.status(sid))["held_tokens"] < status["context_tokens"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"stream {sid} not prefilled in {timeout} s: {status}")
+        time.sleep(0.05)
+
+
 def run(policy: str, preemption: str) -> dict:
     from s2l_sglang.stream.engine import StreamEngine
 
@@ -40,10 +49,14 @@ def run(policy: str, preemption: str) -> dict:
         chunked_prefill_size=128,
     )
     sizes = [len(eng.tokenizer.encode(context(i), add_special_tokens=False)) for i in range(4)]
-    for i in range(STREAMS):  # all open and prefilled in two chunks; idle streams hold KV
+    # Open each stream in two chunks and wait until the engine holds its whole context before
+    # the next opens: idle streams hold KV, and from the third stream on the pool cannot hold
+    # them all, so prefill and finals must preempt whatever the machine's speed (with a fixed
+    # sleep instead, a slow machine left later streams unprefilled and nothing was preempted).
+    for i in range(STREAMS):
         eng.open_stream(f"p{i}", GREEDY, context(i)[:150])
         eng.append(f"p{i}", context(i)[150:])
-        time.sleep(0.2)
+        wait_prefilled(eng, f"p{i}")
     results: dict[int, dict] = {}
 
     def finish(i: int) -> None:
