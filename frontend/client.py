@@ -25,12 +25,20 @@ result) go after them and the next finish generates again without recomputing th
 
 After a generating turn the server tokenizes later text on its own, after the generated ids; a
 finish with nothing new since the last generation is refused (`EmptyChunk`). A stream whose
-last finish kept it open is aborted on `async with` exit, like an unfinished one. `StreamClient.connect` is the one-connection form (POST
-/stream): the commands go as newline-delimited JSON in one streamed request body.
+last finish kept it open is aborted on `async with` exit, like an unfinished one.
+`StreamClient.connect` is the one-connection form (POST /stream): the commands go as
+newline-delimited JSON in one streamed request body.
+
+Behind sglang-router (`s2l serve --instances N`, docs/router.md), `StreamClient(router_url,
+routed=True)` sends every command as the `/generate` request the router proxies, the stream id
+as its routing key (header `x-smg-routing-key`) and the token in the body; a stream opened
+without an id gets one here, since the key must be known at the first call. The one-connection
+form is not carried by the router.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import Any
 
@@ -48,6 +56,8 @@ from frontend.errors import (
 JSON_HEADERS = {"Content-Type": "application/json"}
 #: the header that carries a stream's token (the server's `stream/isolation.py`)
 TOKEN_HEADER = "X-Stream-Token"
+#: the header by which sglang-router's manual policy sends one key's requests to one instance
+ROUTING_KEY_HEADER = "x-smg-routing-key"
 #: stream id -> token of the streams this process's clients opened (shared by default: one
 #: process is one principal; a client given `tokens=` keeps its own table)
 _TOKENS: dict[str, str] = {}
@@ -79,8 +89,11 @@ class StreamClient:
         session: aiohttp.ClientSession | None = None,
         timeout: aiohttp.ClientTimeout | None = None,
         tokens: dict[str, str] | None = None,
+        routed: bool = False,
     ):
         self.base_url = base_url.rstrip("/")
+        #: commands go as `/generate` requests routed by stream id (sglang-router in front)
+        self.routed = routed
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session = session
         self._owns_session = session is None
@@ -122,12 +135,10 @@ class StreamClient:
     # ---- one call per route -------------------------------------------------------------------
 
     async def command(self, op: str, body: dict[str, Any]) -> dict:
-        """POST /stream/{op} with a JSON body; the decoded answer, or a typed error."""
-        async with self.session.post(
-            f"{self.base_url}/stream/{op}",
-            data=orjson.dumps(body),
-            headers={**JSON_HEADERS, **self._headers(body.get("stream_id"))},
-        ) as resp:
+        """POST /stream/{op} with a JSON body (routed: the `/generate` form); the decoded
+        answer, or a typed error."""
+        url, data, headers = self._request(op, body)
+        async with self.session.post(url, data=data, headers=headers) as resp:
             raw = await resp.read()
             if resp.status != 200:
                 raise error_from_response(resp.status, raw, body.get("stream_id"))
@@ -137,6 +148,23 @@ class StreamClient:
         elif op == "abort" or (op == "finish" and not body.get("keep_open")):
             self.tokens.pop(body.get("stream_id"), None)
         return answer
+
+    def _request(self, op: str, body: dict[str, Any]) -> tuple[str, bytes, dict[str, str]]:
+        """The URL, body and headers of command `op` on this client's server or router."""
+        sid = body.get("stream_id")
+        if not self.routed:
+            headers = {**JSON_HEADERS, **self._headers(sid)}
+            return f"{self.base_url}/stream/{op}", orjson.dumps(body), headers
+        command = {"op": op, **body}
+        token = self.tokens.get(sid) if sid is not None else None
+        if token:
+            command["stream_token"] = token
+        headers = {**JSON_HEADERS, **self.headers, ROUTING_KEY_HEADER: str(sid)}
+        return (
+            f"{self.base_url}/generate",
+            orjson.dumps({"session_params": {"s2l": command}}),
+            headers,
+        )
 
     def _headers(self, stream_id: str | None) -> dict[str, str]:
         """The API key, and the stream's token where this client has it."""
@@ -151,6 +179,8 @@ class StreamClient:
         input_ids: list[int] | None = None,
     ) -> dict:
         """Open a stream, with `text` or `input_ids` as an optional first chunk; its status."""
+        if stream_id is None and self.routed:  # the routing key is needed at this first call
+            stream_id = uuid.uuid4().hex
         body = _chunk_body(stream_id, text, input_ids)
         if sampling_params is not None:
             body["sampling_params"] = sampling_params
@@ -200,11 +230,8 @@ class StreamClient:
         body = self._finish_body(
             stream_id, text, sampling_params, input_ids, keep_open, stream=True
         )
-        async with self.session.post(
-            f"{self.base_url}/stream/finish",
-            data=orjson.dumps(body),
-            headers={**JSON_HEADERS, **self._headers(stream_id)},
-        ) as resp:
+        url, data, headers = self._request("finish", body)
+        async with self.session.post(url, data=data, headers=headers) as resp:
             async for out in self._events(resp, stream_id):
                 yield out
         if not keep_open:
@@ -215,6 +242,8 @@ class StreamClient:
 
     async def status(self, stream_id: str) -> dict:
         """The stream's status; `StreamClosed` once it was finished or aborted."""
+        if self.routed:
+            return await self.command("status", {"stream_id": stream_id})
         async with self.session.get(
             f"{self.base_url}/stream/{stream_id}", headers=self._headers(stream_id)
         ) as resp:
@@ -229,7 +258,10 @@ class StreamClient:
         `commands` are route bodies with an "op": {"op": "open", ...}, then "append"/"update"
         commands, then {"op": "finish", ...}; the request body streams while they are produced,
         so an async iterable can pace them. Yields the finish's outputs like `finish_iter`.
+        Not carried by sglang-router (a `routed` client raises ValueError).
         """
+        if self.routed:
+            raise ValueError("the one-connection form is not carried by sglang-router")
 
         async def body() -> AsyncIterator[bytes]:
             if isinstance(commands, AsyncIterable):

@@ -1,6 +1,7 @@
 """`s2l`: the command line of stream2llm-sglang.
 
-s2l serve [SGLANG_ARGS...]   SGLang's HTTP server with the plugin (embedded model, CPU defaults)
+s2l serve [SGLANG_ARGS...]   SGLang's HTTP server with the plugin (embedded model, CPU defaults);
+                             --pd: a prefill-decode set, --instances N: N behind sglang-router
 s2l model prepare            convert the embedded GGUF model once; print its folder
 s2l demo [--json]            the main job: streaming TTFT against waiting for the full context
 s2l bench --preset NAME      replay workload traces (bench/README.md)
@@ -20,6 +21,10 @@ def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
         from s2l_sglang.pd.serve import serve as serve_pd
 
         return serve_pd([arg for arg in rest if arg != "--pd"])
+    if any(a == "--instances" or a.startswith("--instances=") for a in rest):
+        from s2l_sglang.instances import serve as serve_instances  # N instances, sglang-router
+
+        return serve_instances(rest)
     config, sglang_args = split_argv(rest)  # exits with a usage error on a bad value
     from s2l_sglang.defaults import server_argv
 
@@ -126,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         "not listed here is passed to SGLang unchanged (see `python -m sglang.launch_server "
         "--help`); an argument you give overrides the default. --pd: a prefill-decode "
         "deployment on this host (router on --port, prefill instance with the stream routes on "
-        "port+1, decode on port+2; docs/pd.md).",
+        "port+1, decode on port+2; docs/pd.md). --instances N: N instances behind "
+        "sglang-router on this host (router on --port, instances on port+1 .. port+N; plain "
+        "requests and stream commands through the router; docs/router.md).",
     )
     from s2l_sglang.config import add_arguments as add_config_arguments
 

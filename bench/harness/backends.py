@@ -10,7 +10,9 @@ time where the engine or server can (`can_switch_policy`).
   SGLang's tokenizer manager and our `StreamManager` live (no HTTP, no extra thread hops).
 - `HttpBackend`: `s2l serve` (SGLang's /generate, /open_session, /close_session, /flush_cache,
   /abort_request, /server_info, /stream/policy, and our /stream routes through
-  `frontend.client`), or the router of `s2l serve --pd` (streams on its prefill instance).
+  `frontend.client`), the router of `s2l serve --instances N` (stream commands in the
+  `/generate` form the router proxies, routed by stream id), or the router of `s2l serve --pd`
+  (streams on its prefill instance).
 """
 
 from __future__ import annotations
@@ -180,29 +182,35 @@ class HttpBackend:
     async def streams(self):
         """The `frontend.client.StreamClient` of the /stream routes (sharing the session).
 
-        They are on the server itself, or, when `url` is a prefill-decode router
-        (`s2l serve --pd`), on its prefill instance (docs/pd.md); plain requests still go to `url`.
+        They are on the server itself; behind sglang-router (`s2l serve --instances N`) they go
+        through it in the `/generate` form (docs/router.md); when `url` is a prefill-decode
+        router (`s2l serve --pd`), on its prefill instance (docs/pd.md). Plain requests always
+        go to `url`.
         """
         from frontend.client import StreamClient
 
         if self._client is None:
-            url = await self._pd_prefill_url() or self.url
-            self._client = StreamClient(url, api_key=self.api_key, session=self.session)
+            workers = await self._router_workers()
+            prefill = [w["url"] for w in workers if w.get("worker_type") == "prefill"]
+            url = prefill[0] if prefill else self.url
+            routed = bool(workers) and not prefill
+            self._client = StreamClient(
+                url, api_key=self.api_key, session=self.session, routed=routed
+            )
         return self._client
 
-    async def _pd_prefill_url(self) -> str | None:
-        """The prefill instance behind an sglang-router in PD mode (its /workers), else None."""
+    async def _router_workers(self) -> list[dict]:
+        """The workers of an sglang-router at `url` (its /workers), or [] for a plain server."""
         import orjson
 
         async with self.session.get(self.url + "/workers", headers=self.headers) as resp:
             if resp.status != 200:
-                return None
+                return []
             try:
                 workers = orjson.loads(await resp.read()).get("workers", [])
             except (orjson.JSONDecodeError, AttributeError):
-                return None
-        prefill = [w["url"] for w in workers if w.get("worker_type") == "prefill"]
-        return prefill[0] if prefill else None
+                return []
+        return workers if isinstance(workers, list) else []
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -3,6 +3,7 @@
     router   :PORT      sglang-router in PD mode: /generate and the rest of SGLang's API
     prefill  :PORT+1    `s2l serve --disaggregation-mode prefill` (bootstrap on PORT+3): streams
     decode   :PORT+2    `s2l serve --disaggregation-mode decode`
+    (the router's Prometheus metrics on PORT+4)
 
 KV moves from prefill to decode over TCP (Mooncake's `mooncake_tcp` transfer backend, PyPI
 `mooncake-transfer-engine-non-cuda`). Nothing is installed here: `check_prerequisites` fails at
@@ -16,11 +17,11 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
+
+from s2l_sglang.procs import ProcessSet, run_until_exit, take_option
 
 PYPI = {  # module -> PyPI pin (the `.[pd]` extra; requirements-cpu.txt)
     "sglang_router": "sglang-router==0.3.2",
@@ -70,10 +71,11 @@ class PdPorts:
     prefill: int
     decode: int
     bootstrap: int
+    metrics: int  # the router's Prometheus port (its default, 29000, collides across routers)
 
     @classmethod
     def from_base(cls, port: int) -> PdPorts:
-        return cls(router=port, prefill=port + 1, decode=port + 2, bootstrap=port + 3)
+        return cls(port, prefill=port + 1, decode=port + 2, bootstrap=port + 3, metrics=port + 4)
 
 
 def instance_argv(role: str, host: str, ports: PdPorts, user_argv: list[str]) -> list[str]:
@@ -94,25 +96,15 @@ def router_argv(host: str, ports: PdPorts) -> list[str]:
         "--prefill", f"http://{host}:{ports.prefill}", str(ports.bootstrap),
         "--decode", f"http://{host}:{ports.decode}",
         "--host", host, "--port", str(ports.router), "--policy", "round_robin",
-        "--log-level", "warn",
+        "--prometheus-port", str(ports.metrics), "--log-level", "warn",
     ]  # fmt: skip
 
 
-def _healthy(url: str) -> bool:
-    """`url` answers 200: an instance's /health, the router's /readiness (workers registered)."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 @dataclass
-class PdSet:
+class PdSet(ProcessSet):
     """The three processes of a PD deployment on `host` (each in its own process group)."""
+
+    label = "PD"
 
     ports: PdPorts
     host: str = "127.0.0.1"
@@ -137,100 +129,35 @@ class PdSet:
         env = dict(os.environ, **self.env, SGLANG_HOST_IP=self.host)  # Mooncake binds it
         for role in ("prefill", "decode"):
             argv = instance_argv(role, self.host, self.ports, self.user_argv)
-            self.procs[role] = subprocess.Popen(argv, env=env, start_new_session=True)
+            self.spawn(role, argv, env)
         try:
-            self._wait(
+            self.wait_healthy(
                 {"prefill": f"{self.prefill_url}/health", "decode": f"{self.decode_url}/health"},
                 timeout_s,
             )
-            self.procs["router"] = subprocess.Popen(
-                router_argv(self.host, self.ports), env=env, start_new_session=True
-            )
-            self._wait({"router": f"{self.router_url}/readiness"}, timeout_s)
+            self.spawn("router", router_argv(self.host, self.ports), env)
+            self.wait_healthy({"router": f"{self.router_url}/readiness"}, timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait(self, urls: dict[str, str], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        waiting = dict(urls)
-        while waiting:
-            for role, url in list(waiting.items()):
-                if self.procs[role].poll() is not None:
-                    raise RuntimeError(f"PD {role} exited with {self.procs[role].returncode}")
-                if _healthy(url):
-                    del waiting[role]
-            if waiting and time.monotonic() > deadline:
-                raise TimeoutError(f"PD {sorted(waiting)} not healthy in {timeout_s:g} s")
-            if waiting:
-                time.sleep(1)
-
-    def exited(self) -> str | None:
-        """The role of a process that has exited, if any."""
-        return next((role for role, p in self.procs.items() if p.poll() is not None), None)
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-
-    def __enter__(self) -> PdSet:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def _take(argv: list[str], name: str, default: str) -> tuple[str, list[str]]:
-    """Remove `name VALUE` / `name=VALUE` from argv; return the value and the rest."""
-    rest, value, it = [], default, iter(argv)
-    for arg in it:
-        key, eq, val = arg.partition("=")
-        if key == name:
-            value = val if eq else next(it, default)
-        else:
-            rest.append(arg)
-    return value, rest
-
 
 def serve(argv: list[str]) -> int:
     """`s2l serve --pd [--host H] [--port P] [SGLANG_ARGS...]`: run the set until interrupted."""
-    host, argv = _take(argv, "--host", "127.0.0.1")
-    port, argv = _take(argv, "--port", "30000")
+    host, argv = take_option(argv, "--host", "127.0.0.1")
+    port, argv = take_option(argv, "--port", "30000")
     try:
         check_prerequisites()
     except PdSetupError as exc:
         print(f"s2l serve --pd: {exc}", file=sys.stderr)
         return 2
     pd = PdSet(PdPorts.from_base(int(port)), host=host, user_argv=argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        pd.start()
-        print(
-            f"PD deployment ready: router {pd.router_url} (/generate, ...), streams on the "
-            f"prefill instance {pd.prefill_url}/stream/..., decode {pd.decode_url}",
-            file=sys.stderr,
-            flush=True,
-        )
-        while (role := pd.exited()) is None:
-            time.sleep(1)
-        print(f"s2l serve --pd: the {role} process exited; stopping", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        pd.stop()
+    ready = (
+        f"PD deployment ready: router {pd.router_url} (/generate, ...), streams on the "
+        f"prefill instance {pd.prefill_url}/stream/..., decode {pd.decode_url}"
+    )
+    return run_until_exit(pd, pd.start, ready, "s2l serve --pd")
 
 
 if __name__ == "__main__":

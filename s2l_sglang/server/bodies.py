@@ -87,6 +87,16 @@ class CommandLine(_Body):
     op: Literal["open", "append", "update", "finish"]
 
 
+class RoutedCommand(_Body):
+    """A stream command carried by a `/generate` request (`session_params.s2l`, server/routed.py):
+    an op, the stream's token and the fields of the op's route."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    op: Literal["open", "append", "update", "finish", "abort", "status"]
+    stream_id: str
+    stream_token: str | None = None
+
+
 def parse_body(kind: str, body: Any) -> _Body:
     """`body` (parsed JSON) validated as route `kind`'s body; BadRequest naming the field."""
     stream_id = body.get("stream_id") if isinstance(body, dict) else None
@@ -98,12 +108,14 @@ def parse_body(kind: str, body: Any) -> _Body:
         ) from None
 
 
-def parse_command(body: Any) -> tuple[str, dict]:
-    """A line of `POST /stream`: its op and the rest of its fields."""
+def parse_command(body: Any, kind: type[_Body] = CommandLine) -> tuple[str, dict]:
+    """A line of `POST /stream` (or, with `kind=RoutedCommand`, a command carried by
+    `/generate`): its op and the rest of its fields."""
     try:
-        line = CommandLine.model_validate(body)
+        line = kind.model_validate(body)
     except ValidationError as exc:
-        raise BadRequest(_describe(exc)) from None
+        sid = body.get("stream_id") if isinstance(body, dict) else None
+        raise BadRequest(_describe(exc), sid if isinstance(sid, str) else None) from None
     rest = dict(body)
     rest.pop("op")
     return line.op, rest

@@ -15,6 +15,9 @@
     POST /stream          one connection per stream: newline-delimited JSON commands in a
                           streamed request body ({"op": "open"|"append"|"update"|"finish", ...}),
                           answered by the finish's server-sent events
+    POST /generate        {"session_params": {"s2l": {"op", "stream_id", ...}}} with the header
+                          x-smg-routing-key: STREAM_ID: any of the commands above (and "status")
+                          in the form sglang-router proxies (server/routed.py)
     POST /stream/v1/chat/completions
                           finish a chat stream: an OpenAI chat completion request with
                           "stream_id" (the `openai` client's extra_body), answered by SGLang's
@@ -276,6 +279,9 @@ def install_routes(app: Any) -> None:
     app.state.s2l_routes = True
     _app = app
     _install_error_handlers(app)
+    from s2l_sglang.server import routed
+
+    routed.install(app)  # stream commands carried by POST /generate (sglang-router)
 
     async def command(op: str, request: Request):
         try:

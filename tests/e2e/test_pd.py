@@ -6,33 +6,13 @@ to the decode instance. Output must equal a single instance's (the session `serv
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import requests
 
 from tests.e2e.test_stream_http import CONTEXT, GREEDY, QUESTION, reference_ids, sse_events
-from tests.helpers import StreamCalls
+from tests.helpers import StreamCalls, free_port_block
 
 pytestmark = pytest.mark.engine
-
-
-def _free_block(n: int) -> int:
-    """A base port with n consecutive free ports after it (loopback)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no block of free ports")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +27,7 @@ def pd():
     check_prerequisites()  # installs nothing: missing pieces fail here, naming `make pd-deps`
     argv = ["--max-total-tokens", "16384", "--log-level", "error"]
     env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
-    ports = PdPorts.from_base(_free_block(4))
+    ports = PdPorts.from_base(free_port_block(5))
     with PdSet(ports, user_argv=argv, env=env).start() as deployment:
         yield deployment
 

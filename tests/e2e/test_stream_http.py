@@ -350,3 +350,80 @@ def test_token_id_chunks_over_http_equal_a_plain_request(server):
     assert final.status_code == 200, final.text
     ref = post(server, "/generate", {"input_ids": ids, "sampling_params": GREEDY})
     assert final.json()["output_ids"] == ref.json()["output_ids"]
+
+
+def _routed(server, command: dict, key: str | None = "same", **body) -> requests.Response:
+    """A stream command in the form sglang-router proxies: `/generate` with session_params.s2l
+    and the routing key header (`same`: the command's stream id)."""
+    headers = dict(server.headers)
+    if key is not None:
+        headers["x-smg-routing-key"] = command.get("stream_id") if key == "same" else key
+    return requests.post(
+        f"{server.url}/generate",
+        json={"session_params": {"s2l": command}, **body},
+        headers=headers,
+        timeout=120,
+    )
+
+
+def test_stream_commands_carried_by_generate_equal_the_stream_routes(server):
+    """The `/generate` form (server/routed.py): the same commands, answers and errors."""
+    sid = "h-routed"
+    opened = _routed(
+        server, {"op": "open", "stream_id": sid, "sampling_params": GREEDY, "text": CONTEXT[:40]}
+    )
+    assert opened.status_code == 200, opened.text
+    token = opened.json()["stream_token"]
+    # the stream's token travels in the body (the router drops X-Stream-Token) and is checked
+    append = {"op": "append", "stream_id": sid, "text": CONTEXT[40:]}
+    denied = _routed(server, {**append, "stream_token": "not-the-token"})
+    assert denied.status_code == 403 and denied.json()["error"]["code"] == "forbidden"
+    assert _routed(server, {**append, "stream_token": token}).status_code == 200
+    status = _routed(server, {"op": "status", "stream_id": sid, "stream_token": token})
+    assert status.status_code == 200 and status.json()["stream_id"] == sid
+    # refused, and nothing else happens to the stream: no routing key, a wrong one, a chunk
+    # outside the command, another session_params key, an unknown field
+    for resp in (
+        _routed(server, {"op": "status", "stream_id": sid, "stream_token": token}, key=None),
+        _routed(server, {"op": "status", "stream_id": sid, "stream_token": token}, key="other"),
+        _routed(server, {"op": "status", "stream_id": sid, "stream_token": token}, text="x"),
+        _routed(server, {"op": "status", "stream_id": sid, "stream_token": token, "text": "x"}),
+        _routed(server, {"op": "append", "stream_id": sid, "stream_token": token, "txt": "x"}),
+        _routed(server, {"op": "close", "stream_id": sid}),
+    ):
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["code"] == "bad_request", resp.text
+    finish = {"op": "finish", "stream_id": sid, "stream_token": token, "text": QUESTION}
+    resp = requests.post(
+        f"{server.url}/generate",
+        json={"session_params": {"s2l": finish}},
+        headers={**server.headers, "x-smg-routing-key": sid},
+        timeout=120,
+        stream=True,
+    )
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(resp)
+    assert events[-1] == b"[DONE]" and events[-2]["meta_info"]["id"] == sid
+    assert events[-2]["output_ids"] == reference_ids(server, CONTEXT + QUESTION)
+    gone = _routed(server, {"op": "status", "stream_id": sid, "stream_token": token})
+    assert gone.status_code in (404, 409), gone.text
+
+
+def test_plain_generate_requests_are_untouched_by_the_command_form(server):
+    """A plain request that mentions "s2l", or has other session_params, is SGLang's as before."""
+    text = 'The key "s2l" is a stream command only inside session_params.'
+    resp = requests.post(
+        f"{server.url}/generate",
+        json={"text": text, "sampling_params": GREEDY},
+        headers=server.headers,
+        timeout=120,
+    )
+    assert resp.status_code == 200 and len(resp.json()["output_ids"]) == GREEDY["max_new_tokens"]
+    # SGLang's own answer to a session it does not know, not ours
+    resp = requests.post(
+        f"{server.url}/generate",
+        json={"text": text, "sampling_params": GREEDY, "session_params": {"id": "no-such"}},
+        headers=server.headers,
+        timeout=120,
+    )
+    assert "s2l" not in resp.text and "x-smg-routing-key" not in resp.text

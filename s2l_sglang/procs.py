@@ -1,0 +1,112 @@
+"""The processes of a deployment on one host (`s2l serve --pd`, `s2l serve --instances N`):
+started each in its own process group, waited on until healthy, stopped together."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+
+def healthy(url: str) -> bool:
+    """`url` answers 200: an instance's /health, the router's /readiness (workers registered)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class ProcessSet:
+    """Named processes (`procs`: role -> process) of one deployment; `label` names it in errors."""
+
+    label = "deployment"
+    procs: dict[str, subprocess.Popen]
+
+    def spawn(self, role: str, argv: list[str], env: dict[str, str]) -> None:
+        self.procs[role] = subprocess.Popen(argv, env=env, start_new_session=True)
+
+    def wait_healthy(self, urls: dict[str, str], timeout_s: float) -> None:
+        """Wait until each role's URL answers 200; raise if its process exits or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        waiting = dict(urls)
+        while waiting:
+            for role, url in list(waiting.items()):
+                if self.procs[role].poll() is not None:
+                    raise RuntimeError(
+                        f"{self.label} {role} exited with {self.procs[role].returncode}"
+                    )
+                if healthy(url):
+                    del waiting[role]
+            if waiting and time.monotonic() > deadline:
+                raise TimeoutError(f"{self.label} {sorted(waiting)} not healthy in {timeout_s:g} s")
+            if waiting:
+                time.sleep(1)
+
+    def exited(self) -> str | None:
+        """The role of a process that has exited, if any."""
+        return next((role for role, p in self.procs.items() if p.poll() is not None), None)
+
+    def kill(self, role: str) -> None:
+        """Kill one process and its children at once (SIGKILL), as a crash would."""
+        proc = self.procs[role]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def take_option(argv: list[str], name: str, default: str) -> tuple[str, list[str]]:
+    """Remove `name VALUE` / `name=VALUE` from argv; return the value and the rest."""
+    rest, value, it = [], default, iter(argv)
+    for arg in it:
+        key, eq, val = arg.partition("=")
+        if key == name:
+            value = val if eq else next(it, default)
+        else:
+            rest.append(arg)
+    return value, rest
+
+
+def run_until_exit(procs: ProcessSet, start: Callable[[], None], ready: str, command: str) -> int:
+    """`s2l serve`'s loop for a set: start it, print `ready`, serve until a process exits
+    (1) or the command is interrupted (0); stop everything on the way out."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        start()
+        print(ready, file=sys.stderr, flush=True)
+        while (role := procs.exited()) is None:
+            time.sleep(1)
+        print(f"{command}: the {role} process exited; stopping", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        procs.stop()
