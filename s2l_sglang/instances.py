@@ -57,6 +57,8 @@ def router_argv(host: str, port: int, worker_urls: list[str], metrics_port: int)
         # a dead instance (connection refused) is out of the set within ~15 s (default: 60 s x
         # 3 checks); a busy one on a loaded CPU may take seconds to answer /health: 30 s allowed
         "--health-check-interval-secs", "5", "--health-check-timeout-secs", "30",
+        # a circuit opened on a live instance would move its streams' keys elsewhere (they break)
+        "--disable-circuit-breaker",
     ]  # fmt: skip
 
 
@@ -148,6 +150,9 @@ def serve(argv: list[str]) -> int:
     except RouterMissing as exc:
         print(f"s2l serve --instances: {exc}", file=sys.stderr)
         return 2
+    from s2l_sglang.profile import ensure_profile_before_instances
+
+    ensure_profile_before_instances(argv)
     instances = InstanceSet(int(count), int(port), host=host, user_argv=argv)
     ready = (
         f"{count} instances ready behind sglang-router at {instances.router_url} (plain requests "

@@ -172,3 +172,47 @@ def _add_provenance(path: Path, repeats: int) -> None:
         "command": "s2l profile",
     }
     path.write_text(json.dumps(data, indent=1))
+
+
+def _argv_value(argv: list[str], name: str, default: str | None = None) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def ensure_profile(argv: list[str]) -> None:
+    """Before serving with `--preemption auto`: profile the setup if no saved profile matches
+    (the scheduler loads it; without one it preempts by recompute)."""
+    import sys
+
+    from s2l_sglang.sched.costmodel import find_cost_model, profile_key
+
+    dtype = _argv_value(argv, "--dtype", "auto")
+    if dtype == "auto":  # resolved from the model config in the scheduler only
+        return
+    model_path = _argv_value(argv, "--model-path") or ""
+    device = _argv_value(argv, "--device", "cpu")
+    tp = int(_argv_value(argv, "--tp-size") or _argv_value(argv, "--tp") or 1)
+    page = int(_argv_value(argv, "--page-size") or 1)
+    key = profile_key(model_path, device, dtype, tp, page)
+    if find_cost_model(key) is not None:
+        return
+    print(f"no preemption cost profile for {key}: measuring one now (s2l profile)", file=sys.stderr)
+    kwargs = dict(model_path=model_path, dtype=dtype, tp_size=tp, page_size=page, device=device)
+    _, path = run_profile(kwargs, log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(f"saved {path}", file=sys.stderr)
+
+
+def ensure_profile_before_instances(user_argv: list[str]) -> None:
+    """`ensure_profile` once for a set of `s2l serve` instances started with `user_argv` (a
+    usage error exits here, before any starts), so that they do not all measure the same one
+    at the same time."""
+    from s2l_sglang.config import split_argv
+    from s2l_sglang.defaults import server_argv
+
+    config, sglang_args = split_argv(user_argv)
+    if config.preemption == "auto":
+        ensure_profile(server_argv(sglang_args))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import ClassVar
 
@@ -36,6 +37,9 @@ from s2l_sglang.registry import Registry
 
 PREFILL_ONLY = {"max_new_tokens": 0}
 _nonce = itertools.count()
+#: this process's mark in every id: two runs against one server (its streams may outlive a
+#: run that timed out, until their idle timeout) must not reuse each other's ids
+_RUN = secrets.token_hex(3)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._~-]")
 
 
@@ -66,8 +70,8 @@ class Mode:
     def new_id(query: Query, label: str) -> str:
         """A fresh request or stream id naming the query: a valid stream id (1-128 of
         `A-Z a-z 0-9 . _ ~ -`, `stream.manager.STREAM_ID`) whatever the query's id holds; the
-        leading counter keeps it unique once cut."""
-        return _UNSAFE.sub("-", f"b{next(_nonce)}-{label}-{query.id}")[:128]
+        leading run mark and counter keep it unique once cut, also across runs."""
+        return _UNSAFE.sub("-", f"b{_RUN}.{next(_nonce)}-{label}-{query.id}")[:128]
 
 
 _MODES: Registry[type[Mode]] = Registry("mode")

@@ -152,6 +152,9 @@ def serve(argv: list[str]) -> int:
     except PdSetupError as exc:
         print(f"s2l serve --pd: {exc}", file=sys.stderr)
         return 2
+    from s2l_sglang.profile import ensure_profile_before_instances
+
+    ensure_profile_before_instances(argv)
     pd = PdSet(PdPorts.from_base(int(port)), host=host, user_argv=argv)
     ready = (
         f"PD deployment ready: router {pd.router_url} (/generate, ...), streams on the "
