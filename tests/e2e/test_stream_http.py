@@ -64,6 +64,11 @@ def test_append_and_update_over_http_equal_non_streaming(server):
             "text": "An unrelated first draft. " + CONTEXT,
         },
     )
+    # the first draft's KV must be there for the update to invalidate any: wait for it
+    deadline = time.monotonic() + 120
+    while (st := server.status("h-update").json())["held_tokens"] < st["context_tokens"]:
+        assert time.monotonic() < deadline, st
+        time.sleep(0.05)
     assert post(
         server, "/stream/update", {"stream_id": "h-update", "documents": [CONTEXT, "Second doc."]}
     ).ok
