@@ -56,8 +56,9 @@ def command_of(raw: bytes) -> dict | None:
     return body
 
 
-async def run_command(body: dict, headers: Any) -> Response:
-    """Run the stream command of a `/generate` body (`command_of`); the route's answer."""
+async def run_command(body: dict, headers: Any, size: int) -> Response:
+    """Run the stream command of a `/generate` body (`command_of`) of `size` bytes; the
+    route's answer. The size limit comes first, as on the routes (`--max-stream-body-bytes`)."""
     from s2l_sglang.server.routes import (
         PayloadTooLarge,
         _dispatch,
@@ -69,14 +70,14 @@ async def run_command(body: dict, headers: Any) -> Response:
     from s2l_sglang.server.state import stream_manager
 
     try:
+        if size > _max_body_bytes():
+            raise PayloadTooLarge(f"request body over {_max_body_bytes()} bytes")
         params = body["session_params"]
         command = params[COMMAND_KEY]
         if not isinstance(command, dict):
             raise BadRequest(f"session_params.{COMMAND_KEY} must be a JSON object")
         op, fields = parse_command(command, RoutedCommand)
         sid = fields["stream_id"]
-        if len(orjson.dumps(command)) > _max_body_bytes():
-            raise PayloadTooLarge(f"stream command over {_max_body_bytes()} bytes", sid)
         others = sorted(k for k in params if k != COMMAND_KEY)
         if others:
             raise BadRequest(f"session_params of a stream command has other keys: {others}", sid)
@@ -131,7 +132,7 @@ class StreamCommands:
             return
         from starlette.datastructures import Headers
 
-        response = await run_command(body, Headers(scope=scope))
+        response = await run_command(body, Headers(scope=scope), len(raw))
         await response(scope, receive, send)
 
 

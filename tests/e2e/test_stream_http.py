@@ -398,6 +398,10 @@ def test_stream_commands_carried_by_generate_equal_the_stream_routes(server):
     ):
         assert resp.status_code == 400, resp.text
         assert resp.json()["error"]["code"] == "bad_request", resp.text
+    oversize = {"op": "append", "stream_id": sid, "stream_token": token, "text": "a" * (9 << 20)}
+    too_large = _routed(server, oversize)
+    assert too_large.status_code == 413, too_large.text[:300]
+    assert too_large.json()["error"]["code"] == "payload_too_large"
     finish = {"op": "finish", "stream_id": sid, "stream_token": token, "text": QUESTION}
     resp = requests.post(
         f"{server.url}/generate",
