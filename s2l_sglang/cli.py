@@ -21,7 +21,9 @@ def _cmd_serve(args: argparse.Namespace, rest: list[str]) -> int:
         from s2l_sglang.pd.serve import serve as serve_pd
 
         return serve_pd([arg for arg in rest if arg != "--pd"])
-    if any(a == "--instances" or a.startswith("--instances=") for a in rest):
+    from s2l_sglang.procs import has_option
+
+    if has_option(rest, "--instances"):
         from s2l_sglang.instances import serve as serve_instances  # N instances, sglang-router
 
         return serve_instances(rest)

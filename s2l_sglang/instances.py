@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
-from s2l_sglang.procs import ProcessSet, run_until_exit, take_option
+from s2l_sglang.procs import ProcessSet, has_option, option_value, run_until_exit, take_option
 
 ROUTER_PIN = "sglang-router==0.3.2"  # requirements-cpu.txt; `make pd-deps` installs it
 
@@ -62,10 +62,6 @@ def router_argv(host: str, port: int, worker_urls: list[str], metrics_port: int)
     ]  # fmt: skip
 
 
-def _has(argv: list[str], name: str) -> bool:
-    return any(a == name or a.startswith(name + "=") for a in argv)
-
-
 @dataclass
 class InstanceSet(ProcessSet):
     """N `s2l serve` instances and sglang-router in front of them, each in its own process group."""
@@ -74,10 +70,13 @@ class InstanceSet(ProcessSet):
 
     count: int
     port: int  # the router's; instance i on port + 1 + i, the router's metrics on port + count + 1
-    host: str = "127.0.0.1"
-    user_argv: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)  # extra environment of every process
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @cached_property
+    def on_cpu(self) -> bool:
+        """No GPU here (asked once: it imports torch)."""
+        from s2l_sglang.defaults import is_cpu_host
+
+        return is_cpu_host()
 
     @property
     def router_url(self) -> str:
@@ -90,19 +89,14 @@ class InstanceSet(ProcessSet):
     def instance_argv(self, i: int) -> list[str]:
         argv = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", self.host]
         argv += ["--port", str(self.port + 1 + i)]
-        from s2l_sglang.defaults import is_cpu_host
-
-        if not is_cpu_host() and not _has(self.user_argv, "--base-gpu-id"):
-            tp, _ = take_option(self.user_argv, "--tp-size", "1")
-            tp, _ = take_option(self.user_argv, "--tp", tp)
-            argv += ["--base-gpu-id", str(i * int(tp))]
+        if not self.on_cpu and not has_option(self.user_argv, "--base-gpu-id"):
+            tp = option_value(self.user_argv, "--tp-size") or option_value(self.user_argv, "--tp")
+            argv += ["--base-gpu-id", str(i * int(tp or 1))]
         return argv + self.user_argv
 
     def instance_env(self, i: int) -> dict[str, str]:
         env = dict(os.environ, **self.env)
-        from s2l_sglang.defaults import is_cpu_host
-
-        if is_cpu_host() and not env.get("SGLANG_CPU_OMP_THREADS_BIND"):
+        if self.on_cpu and not env.get("SGLANG_CPU_OMP_THREADS_BIND"):
             env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_groups(
                 list(os.sched_getaffinity(0)), self.count
             )[i]

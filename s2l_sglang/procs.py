@@ -1,5 +1,6 @@
 """The processes of a deployment on one host (`s2l serve --pd`, `s2l serve --instances N`):
-started each in its own process group, waited on until healthy, stopped together."""
+started each in its own process group, waited on until healthy, stopped together; and the
+reading of the command-line options they are started with."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 
 def healthy(url: str) -> bool:
@@ -22,11 +24,16 @@ def healthy(url: str) -> bool:
         return False
 
 
+@dataclass(kw_only=True)
 class ProcessSet:
-    """Named processes (`procs`: role -> process) of one deployment; `label` names it in errors."""
+    """Named processes (`procs`: role -> process) of one deployment on `host`, started with the
+    user's `user_argv` and the extra environment `env`; `label` names it in errors."""
 
     label = "deployment"
-    procs: dict[str, subprocess.Popen]
+    host: str = "127.0.0.1"
+    user_argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of every process
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def spawn(self, role: str, argv: list[str], env: dict[str, str]) -> None:
         self.procs[role] = subprocess.Popen(argv, env=env, start_new_session=True)
@@ -81,6 +88,21 @@ class ProcessSet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def option_value(argv: list[str], name: str, default: str | None = None) -> str | None:
+    """The value of `name VALUE` / `name=VALUE` in argv (its first), or `default`."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def has_option(argv: list[str], name: str) -> bool:
+    """Whether argv has `name` (as `name`, `name VALUE` or `name=VALUE`)."""
+    return any(a == name or a.startswith(name + "=") for a in argv)
 
 
 def take_option(argv: list[str], name: str, default: str) -> tuple[str, list[str]]:

@@ -174,29 +174,21 @@ def _add_provenance(path: Path, repeats: int) -> None:
     path.write_text(json.dumps(data, indent=1))
 
 
-def _argv_value(argv: list[str], name: str, default: str | None = None) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return default
-
-
 def ensure_profile(argv: list[str]) -> None:
     """Before serving with `--preemption auto`: profile the setup if no saved profile matches
     (the scheduler loads it; without one it preempts by recompute)."""
     import sys
 
+    from s2l_sglang.procs import option_value
     from s2l_sglang.sched.costmodel import find_cost_model, profile_key
 
-    dtype = _argv_value(argv, "--dtype", "auto")
+    dtype = option_value(argv, "--dtype", "auto")
     if dtype == "auto":  # resolved from the model config in the scheduler only
         return
-    model_path = _argv_value(argv, "--model-path") or ""
-    device = _argv_value(argv, "--device", "cpu")
-    tp = int(_argv_value(argv, "--tp-size") or _argv_value(argv, "--tp") or 1)
-    page = int(_argv_value(argv, "--page-size") or 1)
+    model_path = option_value(argv, "--model-path") or ""
+    device = option_value(argv, "--device", "cpu")
+    tp = int(option_value(argv, "--tp-size") or option_value(argv, "--tp") or 1)
+    page = int(option_value(argv, "--page-size") or 1)
     key = profile_key(model_path, device, dtype, tp, page)
     if find_cost_model(key) is not None:
         return

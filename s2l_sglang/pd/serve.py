@@ -19,7 +19,7 @@ import importlib.util
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from s2l_sglang.procs import ProcessSet, run_until_exit, take_option
 
@@ -107,10 +107,6 @@ class PdSet(ProcessSet):
     label = "PD"
 
     ports: PdPorts
-    host: str = "127.0.0.1"
-    user_argv: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)  # extra environment of all three
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
     def router_url(self) -> str:

@@ -35,12 +35,12 @@ def test_command_lines_route_by_stream_id_to_the_fewest_keys():
 
 
 def test_bad_instance_counts_and_a_missing_router_stop_at_once(monkeypatch, capsys):
-    from s2l_sglang import instances
+    from s2l_sglang import instances, procs
 
     def started(*args, **kwargs):
         raise AssertionError(f"nothing may start: {args}")
 
-    monkeypatch.setattr(instances.subprocess, "Popen", started)
+    monkeypatch.setattr(procs.subprocess, "Popen", started)  # where a set starts them
     assert instances.serve(["--instances", "zero"]) == 2
     assert "positive integer" in capsys.readouterr().err
     monkeypatch.setattr(instances.importlib.util, "find_spec", lambda name: None)
