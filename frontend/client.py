@@ -160,11 +160,12 @@ class StreamClient:
         if token:
             command["stream_token"] = token
         headers = {**JSON_HEADERS, **self.headers, ROUTING_KEY_HEADER: str(sid)}
-        return (
-            f"{self.base_url}/generate",
-            orjson.dumps({"session_params": {"s2l": command}}),
-            headers,
-        )
+        outer: dict[str, Any] = {"session_params": {"s2l": command}}
+        if op == "finish" and body.get("stream", True):
+            # the router buffers a response whole unless the body it forwards says "stream":
+            # true; then the finish's events reach the client as they are produced
+            outer["stream"] = True
+        return f"{self.base_url}/generate", orjson.dumps(outer), headers
 
     def _headers(self, stream_id: str | None) -> dict[str, str]:
         """The API key, and the stream's token where this client has it."""
