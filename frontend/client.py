@@ -160,11 +160,11 @@ class StreamClient:
         if token:
             command["stream_token"] = token
         headers = {**JSON_HEADERS, **self.headers, ROUTING_KEY_HEADER: str(sid)}
-        outer: dict[str, Any] = {"session_params": {"s2l": command}}
-        if op == "finish" and body.get("stream", True):
-            # the router buffers a response whole unless the body it forwards says "stream":
-            # true; then the finish's events reach the client as they are produced
-            outer["stream"] = True
+        # "stream": true at the top level, for every command: sglang-router buffers an answer
+        # whole unless the body it forwards says so (a finish's events then reach the client
+        # as they are produced), and in PD mode it keeps our error body only so (inside an
+        # error event; without it, just the status and message). The server ignores the field.
+        outer: dict[str, Any] = {"session_params": {"s2l": command}, "stream": True}
         return f"{self.base_url}/generate", orjson.dumps(outer), headers
 
     def _headers(self, stream_id: str | None) -> dict[str, str]:

@@ -160,12 +160,29 @@ def error_from_payload(
     return cls(message, code=code, status=status, stream_id=stream_id)
 
 
+#: how sglang-router in PD mode wraps a decode instance's error answer to a request with
+#: `"stream": true`: `data: {'error': {"message": BODY, "status": N}}` (BODY: the JSON answer)
+_PD_ERROR_EVENT = b"data: {'error': "
+
+
+def _unwrap_pd_error(body: bytes) -> Any:
+    """The error body a PD router's error event wraps, or None if `body` is not one."""
+    if not body.startswith(_PD_ERROR_EVENT):
+        return None
+    try:
+        inner = orjson.loads(body[len(_PD_ERROR_EVENT) :].strip()[:-1])
+    except orjson.JSONDecodeError:
+        return None
+    return inner.get("message") if isinstance(inner, dict) else None
+
+
 def error_from_response(status: int, body: bytes, stream_id: str | None = None) -> StreamAPIError:
-    """The typed error for a non-2xx response with raw `body`."""
+    """The typed error for a non-2xx response with raw `body` (our error shape, also inside a
+    PD router's error event)."""
     try:
         payload = orjson.loads(body) if body else None
     except orjson.JSONDecodeError:
-        payload = body.decode("utf-8", "replace")
+        payload = _unwrap_pd_error(body) or body.decode("utf-8", "replace")
     if status == 401 and not isinstance(payload, dict):
         payload = {"error": payload or "Unauthorized"}
     return error_from_payload(payload, status, stream_id)

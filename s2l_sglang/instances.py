@@ -59,6 +59,8 @@ def router_argv(host: str, port: int, worker_urls: list[str], metrics_port: int)
         "--health-check-interval-secs", "5", "--health-check-timeout-secs", "30",
         # a circuit opened on a live instance would move its streams' keys elsewhere (they break)
         "--disable-circuit-breaker",
+        # a stream command is not idempotent: a retried append would be appended twice
+        "--disable-retries",
     ]  # fmt: skip
 
 

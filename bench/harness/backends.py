@@ -12,7 +12,7 @@ time where the engine or server can (`can_switch_policy`).
   /abort_request, /server_info, /stream/policy, and our /stream routes through
   `frontend.client`), the router of `s2l serve --instances N` (stream commands in the
   `/generate` form the router proxies, routed by stream id), or the router of `s2l serve --pd`
-  (streams on its prefill instance).
+  (the same form: the decode instance relays a command to its prefill instance).
 """
 
 from __future__ import annotations
@@ -182,20 +182,16 @@ class HttpBackend:
     async def streams(self):
         """The `frontend.client.StreamClient` of the /stream routes (sharing the session).
 
-        They are on the server itself; behind sglang-router (`s2l serve --instances N`) they go
-        through it in the `/generate` form (docs/router.md); when `url` is a prefill-decode
-        router (`s2l serve --pd`), on its prefill instance (docs/pd.md). Plain requests always
-        go to `url`.
+        They are on the server itself; behind sglang-router (`s2l serve --instances N`, or the
+        PD router of `s2l serve --pd`) they go through it in the `/generate` form
+        (docs/router.md, docs/pd.md). Plain requests always go to `url`.
         """
         from frontend.client import StreamClient
 
         if self._client is None:
-            workers = await self._router_workers()
-            prefill = [w["url"] for w in workers if w.get("worker_type") == "prefill"]
-            url = prefill[0] if prefill else self.url
-            routed = bool(workers) and not prefill
+            routed = bool(await self._router_workers())
             self._client = StreamClient(
-                url, api_key=self.api_key, session=self.session, routed=routed
+                self.url, api_key=self.api_key, session=self.session, routed=routed
             )
         return self._client
 

@@ -23,7 +23,9 @@ from typing import Any
 import orjson
 
 from s2l_sglang.rid import stream_of
+from s2l_sglang.server.routed import ROUTING_KEY_HEADER
 from s2l_sglang.stream.errors import StreamError
+from s2l_sglang.stream.isolation import stream_id_of
 
 
 @dataclass
@@ -73,7 +75,11 @@ class RouterFinal:
         try:
             timeout = aiohttp.ClientTimeout(total=self.timeout_s)
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                async with session.post(f"{self.router_url}/generate", json=body) as resp:
+                # the stream id as routing key: the router's manual prefill policy sends the
+                # prefill copy to the instance that holds the stream's commands (this one)
+                headers = {ROUTING_KEY_HEADER: stream_id_of(sid or "")}
+                post = session.post(f"{self.router_url}/generate", json=body, headers=headers)
+                async with post as resp:
                     if resp.status != 200:
                         text = (await resp.text())[:500]
                         raise StreamError(f"PD router answered {resp.status}: {text}", sid)

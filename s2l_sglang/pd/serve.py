@@ -1,9 +1,11 @@
 """`s2l serve --pd`: a prefill-decode deployment on one host (prefill, decode, sglang-router).
 
-    router   :PORT      sglang-router in PD mode: /generate and the rest of SGLang's API
+    router   :PORT      sglang-router in PD mode: SGLang's API and the stream commands
+                        (`/generate` with `session_params.s2l`, server/routed.py)
     prefill  :PORT+1    `s2l serve --disaggregation-mode prefill` (bootstrap on PORT+3): streams
     decode   :PORT+2    `s2l serve --disaggregation-mode decode`
-    (the router's Prometheus metrics on PORT+4)
+    (the router's Prometheus metrics on PORT+4; with `--prefill-instances N`, prefill instance
+    i > 1 on PORT+2i+1, bootstrap PORT+2i+2)
 
 KV moves from prefill to decode over TCP (Mooncake's `mooncake_tcp` transfer backend, PyPI
 `mooncake-transfer-engine-non-cuda`). Nothing is installed here: `check_prerequisites` fails at
@@ -68,35 +70,56 @@ def check_prerequisites() -> None:
 @dataclass(frozen=True)
 class PdPorts:
     router: int
-    prefill: int
+    prefill: int  # the first prefill instance's HTTP port
     decode: int
-    bootstrap: int
+    bootstrap: int  # the first prefill instance's bootstrap port
     metrics: int  # the router's Prometheus port (its default, 29000, collides across routers)
+    #: (HTTP, bootstrap) ports of prefill instances 2..N
+    more_prefills: tuple[tuple[int, int], ...] = ()
 
     @classmethod
-    def from_base(cls, port: int) -> PdPorts:
-        return cls(port, prefill=port + 1, decode=port + 2, bootstrap=port + 3, metrics=port + 4)
+    def from_base(cls, port: int, prefills: int = 1) -> PdPorts:
+        """PORT router, +1 prefill, +2 decode, +3 bootstrap, +4 metrics; prefill instance i > 1
+        on PORT+2i+1 with bootstrap PORT+2i+2 (a block of 2N+3 ports)."""
+        more = tuple((port + 2 * i + 1, port + 2 * i + 2) for i in range(2, prefills + 1))
+        return cls(port, port + 1, port + 2, port + 3, port + 4, more)
+
+    @property
+    def prefills(self) -> list[tuple[int, int]]:
+        """(HTTP, bootstrap) ports of every prefill instance, the first first."""
+        return [(self.prefill, self.bootstrap), *self.more_prefills]
 
 
-def instance_argv(role: str, host: str, ports: PdPorts, user_argv: list[str]) -> list[str]:
-    """`s2l serve` arguments of the prefill or decode instance (the prefill instance's streams
-    send their final turns through the router: `--stream-pd-router`)."""
-    port = ports.prefill if role == "prefill" else ports.decode
-    argv = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", host, "--port", str(port)]
+def instance_argv(
+    role: str, host: str, ports: PdPorts, user_argv: list[str], index: int = 0
+) -> list[str]:
+    """`s2l serve` arguments of prefill instance `index` or of the decode instance. Both know
+    the router (`--stream-pd-router`): a prefill instance sends its streams' final turns through
+    it, the decode instance finds there the prefill instance to relay a stream command to."""
+    http, bootstrap = ports.prefills[index] if role == "prefill" else (ports.decode, None)
+    argv = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", host, "--port", str(http)]
     argv += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", TRANSFER_BACKEND]
-    if role == "prefill":
-        argv += ["--disaggregation-bootstrap-port", str(ports.bootstrap)]
-        argv += ["--stream-pd-router", f"http://{host}:{ports.router}"]
+    if bootstrap is not None:
+        argv += ["--disaggregation-bootstrap-port", str(bootstrap)]
+    argv += ["--stream-pd-router", f"http://{host}:{ports.router}"]
     return argv + user_argv
 
 
 def router_argv(host: str, ports: PdPorts) -> list[str]:
+    """The PD router: the prefill instance of a request by its routing key (the stream id, for a
+    stream's commands and final turn; at random for plain requests), decode by round robin."""
+    prefills = []
+    for http, bootstrap in ports.prefills:
+        prefills += ["--prefill", f"http://{host}:{http}", str(bootstrap)]
     return [
         sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-        "--prefill", f"http://{host}:{ports.prefill}", str(ports.bootstrap),
-        "--decode", f"http://{host}:{ports.decode}",
-        "--host", host, "--port", str(ports.router), "--policy", "round_robin",
+        *prefills, "--decode", f"http://{host}:{ports.decode}",
+        "--host", host, "--port", str(ports.router),
+        "--prefill-policy", "manual", "--assignment-mode", "min_group",
+        "--decode-policy", "round_robin",
         "--prometheus-port", str(ports.metrics), "--log-level", "warn",
+        # a stream command is not idempotent: a retried append would be appended twice
+        "--disable-retries",
     ]  # fmt: skip
 
 
@@ -114,7 +137,11 @@ class PdSet(ProcessSet):
 
     @property
     def prefill_url(self) -> str:
-        return f"http://{self.host}:{self.ports.prefill}"
+        return self.prefill_urls[0]
+
+    @property
+    def prefill_urls(self) -> list[str]:
+        return [f"http://{self.host}:{http}" for http, _ in self.ports.prefills]
 
     @property
     def decode_url(self) -> str:
@@ -123,14 +150,17 @@ class PdSet(ProcessSet):
     def start(self, timeout_s: float = 900.0) -> PdSet:
         """Start prefill and decode, then the router once both are healthy; wait for it."""
         env = dict(os.environ, **self.env, SGLANG_HOST_IP=self.host)  # Mooncake binds it
-        for role in ("prefill", "decode"):
-            argv = instance_argv(role, self.host, self.ports, self.user_argv)
-            self.spawn(role, argv, env)
-        try:
-            self.wait_healthy(
-                {"prefill": f"{self.prefill_url}/health", "decode": f"{self.decode_url}/health"},
-                timeout_s,
+        health = {}
+        for i, url in enumerate(self.prefill_urls):
+            role = "prefill" if i == 0 else f"prefill {i + 1}"
+            self.spawn(
+                role, instance_argv("prefill", self.host, self.ports, self.user_argv, i), env
             )
+            health[role] = f"{url}/health"
+        self.spawn("decode", instance_argv("decode", self.host, self.ports, self.user_argv), env)
+        health["decode"] = f"{self.decode_url}/health"
+        try:
+            self.wait_healthy(health, timeout_s)
             self.spawn("router", router_argv(self.host, self.ports), env)
             self.wait_healthy({"router": f"{self.router_url}/readiness"}, timeout_s)
         except BaseException:
@@ -143,6 +173,10 @@ def serve(argv: list[str]) -> int:
     """`s2l serve --pd [--host H] [--port P] [SGLANG_ARGS...]`: run the set until interrupted."""
     host, argv = take_option(argv, "--host", "127.0.0.1")
     port, argv = take_option(argv, "--port", "30000")
+    prefills, argv = take_option(argv, "--prefill-instances", "1")
+    if not prefills.isdigit() or int(prefills) < 1:
+        print(f"s2l serve --pd: --prefill-instances must be >= 1: {prefills!r}", file=sys.stderr)
+        return 2
     try:
         check_prerequisites()
     except PdSetupError as exc:
@@ -151,10 +185,10 @@ def serve(argv: list[str]) -> int:
     from s2l_sglang.profile import ensure_profile_before_instances
 
     ensure_profile_before_instances(argv)
-    pd = PdSet(PdPorts.from_base(int(port)), host=host, user_argv=argv)
+    pd = PdSet(PdPorts.from_base(int(port), int(prefills)), host=host, user_argv=argv)
     ready = (
-        f"PD deployment ready: router {pd.router_url} (/generate, ...), streams on the "
-        f"prefill instance {pd.prefill_url}/stream/..., decode {pd.decode_url}"
+        f"PD deployment ready: router {pd.router_url} (plain requests and stream commands, "
+        f"docs/pd.md); prefill {', '.join(pd.prefill_urls)}, decode {pd.decode_url}"
     )
     return run_until_exit(pd, pd.start, ready, "s2l serve --pd")
 

@@ -67,9 +67,14 @@ async def run_command(body: dict, headers: Any, size: int) -> Response:
         _json_response,
         _max_body_bytes,
     )
-    from s2l_sglang.server.state import stream_manager
+    from s2l_sglang.server.state import disaggregation_mode, stream_manager
 
     try:
+        role = disaggregation_mode()
+        if role != "null":  # a PD instance (docs/pd.md, pd/relay.py)
+            answer = await _pd_command(role, body, headers)
+            if answer is not None:
+                return answer
         if size > _max_body_bytes():
             raise PayloadTooLarge(f"request body over {_max_body_bytes()} bytes")
         params = body["session_params"]
@@ -105,6 +110,28 @@ async def run_command(body: dict, headers: Any, size: int) -> Response:
         return await _finish_response(sid, result, fields.get("stream", True))
     except StreamError as exc:
         return _error_response(exc)
+
+
+async def _pd_command(role: str, body: dict, headers: Any) -> Response | None:
+    """A command on a PD instance: the router's prefill copy is answered at once with a no-op,
+    the decode copy is relayed to the prefill instance and answered with its answer; a command
+    sent to a prefill instance directly runs there (None)."""
+    from s2l_sglang.pd import relay
+    from s2l_sglang.server.routes import _json_response
+    from s2l_sglang.server.state import pd_router_url
+
+    if role == "prefill":
+        return _json_response(relay.PREFILL_COPY_ANSWER) if relay.via_pd_router(body) else None
+    command = body["session_params"].get(COMMAND_KEY)
+    sid = command.get("stream_id") if isinstance(command, dict) else None
+    try:
+        if relay.via_pd_router(body):
+            return await relay.relay_of(pd_router_url()).relay(body, headers)
+        raise BadRequest(
+            "a PD decode instance holds no streams: send stream commands to the PD router", sid
+        )
+    except StreamError as exc:
+        return relay.unsized(orjson.dumps(exc.to_dict()), exc.status)
 
 
 class StreamCommands:

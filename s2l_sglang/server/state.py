@@ -24,3 +24,20 @@ def stream_manager():
             router = pd_final.activate(config.pd_router)
             _manager.final_outputs = router.outputs
     return _manager
+
+
+def disaggregation_mode() -> str:
+    """This server's PD role: "prefill", "decode" or "null" (no disaggregation)."""
+    from sglang.srt.entrypoints.http_server import get_global_state
+
+    return str(get_global_state().tokenizer_manager.server_args.disaggregation_mode)
+
+
+def pd_router_url() -> str | None:
+    """The router named by `--stream-pd-router` (or `s2l serve --pd`), read without building
+    the stream manager (a decode instance runs no streams)."""
+    from sglang.srt.entrypoints.http_server import get_global_state
+
+    from s2l_sglang.config import of_server_args
+
+    return of_server_args(get_global_state().tokenizer_manager.server_args).pd_router

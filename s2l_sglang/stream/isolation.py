@@ -39,6 +39,11 @@ def new_key(sid: str) -> str:
     return f"{sid}.{secrets.token_hex(8)}"
 
 
+def stream_id_of(key: str) -> str:
+    """The stream id of a session key (`new_key`)."""
+    return key.rpartition(".")[0]
+
+
 def new_token() -> str:
     return secrets.token_urlsafe(24)
 

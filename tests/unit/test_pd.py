@@ -31,7 +31,8 @@ def test_launcher_command_lines():
     assert prefill[prefill.index("--stream-pd-router") + 1] == "http://127.0.0.1:40000"
     decode = instance_argv("decode", "127.0.0.1", ports, [])
     assert "decode" in decode and "--disaggregation-bootstrap-port" not in decode
-    assert "--stream-pd-router" not in decode
+    # the decode instance finds a stream command's prefill instance in the router's workers
+    assert decode[decode.index("--stream-pd-router") + 1] == "http://127.0.0.1:40000"
     assert "mooncake_tcp" in prefill and "mooncake_tcp" in decode
     router = router_argv("127.0.0.1", ports)
     assert router[router.index("--prefill") + 1 : router.index("--prefill") + 3] == [
@@ -39,6 +40,64 @@ def test_launcher_command_lines():
         "40003",
     ]
     assert router[router.index("--decode") + 1] == "http://127.0.0.1:40002"
+    # a stream's commands and final turn stay on one prefill instance: its id is the key
+    assert router[router.index("--prefill-policy") + 1] == "manual"
+    assert "--disable-retries" in router  # commands are not idempotent
+
+
+def test_two_prefill_instances_get_their_own_ports():
+    ports = PdPorts.from_base(40000, prefills=2)
+    assert ports.prefills == [(40001, 40003), (40005, 40006)]
+    used = [ports.router, ports.decode, ports.metrics] + [
+        p for pair in ports.prefills for p in pair
+    ]
+    assert len(set(used)) == len(used) and max(used) == 40006  # a block of 2N+3 ports
+    second = instance_argv("prefill", "127.0.0.1", ports, [], index=1)
+    assert second[second.index("--port") + 1] == "40005"
+    assert second[second.index("--disaggregation-bootstrap-port") + 1] == "40006"
+    router = router_argv("127.0.0.1", ports)
+    starts = [i for i, arg in enumerate(router) if arg == "--prefill"]
+    assert [router[i + 1 : i + 3] for i in starts] == [
+        ["http://127.0.0.1:40001", "40003"],
+        ["http://127.0.0.1:40005", "40006"],
+    ]
+
+
+def test_the_relay_reads_prefill_instances_from_the_router_worker_list():
+    """The shape of sglang-router 0.3.2's GET /workers (trimmed from a live PD router)."""
+    from s2l_sglang.pd.relay import prefill_urls, via_pd_router
+
+    listing = {
+        "workers": [
+            {"url": "http://127.0.0.1:31501", "worker_type": "prefill", "bootstrap_port": 31503},
+            {"url": "http://127.0.0.1:31505/", "worker_type": "prefill", "bootstrap_port": 31506},
+            {"url": "http://127.0.0.1:31502", "worker_type": "decode", "bootstrap_port": None},
+        ],
+        "total": 3,
+    }
+    assert prefill_urls(listing) == {
+        ("127.0.0.1", 31503): "http://127.0.0.1:31501",
+        ("127.0.0.1", 31506): "http://127.0.0.1:31505",
+    }
+    assert prefill_urls({"error": "x"}) == {} and prefill_urls([]) == {}
+    command = {"session_params": {"s2l": {"op": "status", "stream_id": "q"}}}
+    assert not via_pd_router(command)  # sent to the instance directly: it runs there
+    routed = {**command, "bootstrap_host": "127.0.0.1", "bootstrap_port": 31503}
+    assert via_pd_router({**routed, "bootstrap_room": 7})
+    assert not via_pd_router(routed)
+
+
+def test_the_client_reads_our_error_inside_a_pd_router_error_event():
+    """sglang-router in PD mode answers a decode error to a `"stream": true` request with
+    `data: {'error': {"message": BODY, "status": N}}` and the decode's status."""
+    from frontend.errors import UnknownStream, error_from_response
+
+    ours = b'{"error":{"code":"unknown_stream","message":"unknown stream \'q\'","stream_id":"q"}}'
+    event = b"data: {'error': {\"message\":" + ours + b',"status":404}}'
+    err = error_from_response(404, event)
+    assert isinstance(err, UnknownStream) and err.status == 404 and err.stream_id == "q"
+    cut = error_from_response(404, event[:60])  # not one: kept as the message
+    assert type(cut).__name__ == "StreamAPIError" and cut.code == "http_404"
 
 
 def test_missing_prerequisites_fail_at_once_naming_make_pd_deps(monkeypatch, capsys):
