@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from frontend.client import StreamClient
-from frontend.errors import InvalidSamplingParams, StreamClosed, UnknownStream
+from frontend.errors import InvalidSamplingParams, StreamAPIError, StreamClosed, UnknownStream
 from s2l_sglang.pd.relay import prefill_urls
 from tests.e2e.test_stream_http import CONTEXT, GREEDY, QUESTION, reference_ids
 from tests.helpers import free_port_block
@@ -66,13 +66,15 @@ def running(url: str) -> int:
     return sum(load["num_running_reqs"] + load["num_waiting_reqs"] for load in loads)
 
 
-async def open_on_both(pd, client: StreamClient) -> tuple[list[str], dict[str, list[int]]]:
+async def open_on_both(
+    pd, client: StreamClient, prefix: str = "pd"
+) -> tuple[list[str], dict[str, list[int]]]:
     """Open streams one at a time until both prefill instances hold one (the router places an
     idle key at random: 16 all on one instance has p = 2**-15)."""
     sids: list[str] = []
     placed: dict[str, list[int]] = {}
     while len(sids) < 16 and len({tuple(on) for on in placed.values()}) < 2:
-        sid = f"pd-{len(sids)}"
+        sid = f"{prefix}-{len(sids)}"
         await client.open(sid, GREEDY, DOCS[len(sids) % len(DOCS)][:30])
         sids.append(sid)
         deadline = time.monotonic() + 120
@@ -194,9 +196,40 @@ def test_no_instance_holds_a_session_afterwards(pd):
 
 
 def test_plain_request_through_the_router_equals_single_instance(pd, server):
-    """Last: every instance is still up (no stream left KV behind)."""
+    """Every instance is still up (no stream left KV behind)."""
     assert pd.exited() is None
     body = {"text": CONTEXT + QUESTION, "sampling_params": GREEDY}
     out = requests.post(f"{pd.router_url}/generate", json=body, timeout=600)
     assert out.status_code == 200, out.text
     assert out.json()["output_ids"] == reference_ids(server, CONTEXT + QUESTION)
+
+
+def test_a_killed_prefill_instance_fails_its_streams_fast_and_spares_the_others(pd, server):
+    """Last in this module: it kills prefill instance 2."""
+
+    async def run():
+        async with StreamClient(pd.router_url, routed=True, tokens={}) as client:
+            sids, placed = await open_on_both(pd, client, "pd-kill")
+            doomed = [sid for sid, on in placed.items() if on == [1]]
+            spared = [sid for sid, on in placed.items() if on == [0]]
+            pd.kill("prefill 2")
+            failures = []
+            for sid in doomed:
+                for _ in range(2):  # every next call errors, none hangs
+                    started = time.monotonic()
+                    with pytest.raises(StreamAPIError) as info:
+                        await asyncio.wait_for(client.append(sid, "more text"), 60)
+                    failures.append((sid, info.value.status, time.monotonic() - started))
+            outputs = {}
+            for sid in spared:
+                i = sids.index(sid)
+                await client.append(sid, DOCS[i % len(DOCS)][30:])
+                outputs[sid] = (await client.finish(sid, QUESTION))["output_ids"], i
+            return failures, outputs
+
+    failures, outputs = asyncio.run(run())
+    print("calls on the killed prefill instance's streams (stream, status, seconds):", failures)
+    assert failures and all(status is not None and status >= 400 for _, status, _ in failures)
+    assert max(seconds for _, _, seconds in failures) < 30, failures
+    for sid, (output, i) in outputs.items():
+        assert output == reference_ids(server, DOCS[i % len(DOCS)] + QUESTION), sid
