@@ -162,18 +162,21 @@ def open_sessions(scheduler: Any) -> set[str]:
     return set(scheduler.session_controller.sessions)
 
 
-def live_counts(scheduler: Any) -> dict[str, int]:
+def live_counts(scheduler: Any) -> dict[str, Any]:
     """What streams hold right now: open sessions and session slots (each pins KV); this
-    scheduler's data-parallel rank; requests waiting and running (all of them, not only
-    streams')."""
+    scheduler's data-parallel rank; requests waiting (plain ones apart, and the streams with a
+    turn waiting: stream ids, never session keys) and running (all of them)."""
     from sglang.srt.runtime_context import get_parallel
 
     found = getattr(getattr(scheduler.tree_cache, "session", None), "slots", {})
+    keys = [stream_of(req.rid) for req in scheduler.waiting_queue]
     return {
         "open_sessions": len(scheduler.session_controller.sessions),
         "session_slots": len(found),
         "dp_rank": get_parallel().dp_rank or 0,
-        "waiting_reqs": len(scheduler.waiting_queue),
+        "waiting_reqs": len(keys),
+        "waiting_plain": sum(1 for k in keys if k is None),
+        "waiting_streams": sorted({k.rpartition(".")[0] for k in keys if k}),
         "running_reqs": len(getattr(scheduler.running_batch, "reqs", None) or []),
     }
 
