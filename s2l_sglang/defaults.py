@@ -22,6 +22,12 @@ CPU_DEFAULTS: dict[str, Any] = {
     # An idle SGLang scheduler otherwise polls in a busy loop and pins a core: on a small CPU
     # host that halves the speed of everything else (other engines, the client, the tests).
     "sleep_on_idle": True,
+    # SGLang's CPU default is 4096. A request's prefill runs chunk by chunk, and an abort (or a
+    # request that arrives) waits for the chunk in progress: 10-12 s at 4096 for a 5.7k-token
+    # prompt on 2 cores, 1.3-1.4 s at 1024 (float32). A cold 5.7k-token prefill took as long at
+    # 1024 as at 4096 (bfloat16, median of 4: 17.6 s vs 17.9 s); at 512, 19.7 s
+    # (docs/robustness.md). The benchmark presets set 512 themselves.
+    "chunked_prefill_size": 1024,
 }
 
 
