@@ -16,6 +16,11 @@ because the router does not forward `X-Stream-Token` (the header is read too, fo
 talks to one server). The answer is the route's: a status, the finish's server-sent events (or
 one JSON object with "stream": false), an error in our shape with its 4xx status.
 
+Behind sglang-router in PD mode every command reaches a prefill instance and a decode instance
+at once (the router adds the bootstrap fields): the prefill instance answers its copy with a
+no-op and the decode instance relays its copy to that prefill instance, whose answer it returns
+(pd/relay.py, docs/pd.md); a command sent to a prefill instance directly runs there.
+
 The command is recognised by an ASGI middleware in front of SGLang's app; every other request,
 `/generate` included, goes to SGLang untouched (its body replayed as it came). The command must
 name its stream and carry the routing key header with the same value (a 400 otherwise: without
