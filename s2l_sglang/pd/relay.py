@@ -44,6 +44,12 @@ class PrefillUnknown(StreamError):
     status, code = 502, "prefill_unknown"
 
 
+class BadBootstrap(StreamError):
+    """A command with the PD router's fields, but not as the router writes them."""
+
+    status, code = 400, "bad_request"
+
+
 class NoRouter(StreamError):
     """A decode instance got a stream command but knows no router to find its prefill in."""
 
@@ -117,9 +123,17 @@ class PrefillRelay:
                     "prefill instance in (s2l serve --stream-pd-router URL, or s2l serve --pd)",
                     sid,
                 )
+            import aiohttp
+
             session = await self.session()
-            async with session.get(f"{self.router_url}/workers") as resp:
-                listing = orjson.loads(await resp.read())
+            try:
+                async with session.get(f"{self.router_url}/workers") as resp:
+                    listing = orjson.loads(await resp.read())
+            except (aiohttp.ClientError, orjson.JSONDecodeError) as exc:
+                raise PrefillUnknown(
+                    f"the router's worker list ({self.router_url}/workers) is unreadable: {exc}",
+                    sid,
+                ) from exc
             self.urls = prefill_urls(listing)
         url = self.urls.get(key)
         if url is None:  # a router that names the host differently: the port, if it is unique
@@ -139,7 +153,9 @@ class PrefillRelay:
 
         command = body["session_params"].get("s2l")
         sid = command.get("stream_id") if isinstance(command, dict) else None
-        host, port = str(body.get("bootstrap_host") or ""), int(body["bootstrap_port"])
+        host, port = str(body.get("bootstrap_host") or ""), body["bootstrap_port"]
+        if not isinstance(port, int):
+            raise BadBootstrap(f"bootstrap_port must be an integer: {port!r}", sid)
         url = await self.prefill_url(host, port, sid)
         forward: dict[str, Any] = {"session_params": body["session_params"]}
         if body.get("stream"):

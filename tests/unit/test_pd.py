@@ -124,3 +124,29 @@ def test_plugin_lists_the_pd_hooks():
 
     targets = {target for target, _, _ in plugin.hooks()}
     assert {target for target, _, _ in pd.stream_hooks()} <= targets
+
+
+def test_the_relay_answers_a_typed_error_when_it_cannot_find_the_prefill_instance():
+    """A router that does not answer, no router configured, a port that is not a number: each
+    a typed error (the middleware answers it in our shape), never an untyped exception (a 500)."""
+    import asyncio
+
+    from s2l_sglang.pd.relay import BadBootstrap, NoRouter, PrefillRelay, PrefillUnknown
+
+    async def run():
+        relay = PrefillRelay("http://127.0.0.1:1")  # nothing listens on port 1
+        try:
+            with pytest.raises(PrefillUnknown, match="unreadable"):
+                await relay.prefill_url("127.0.0.1", 31503, "q")
+            relay.urls = {("127.0.0.1", 31503): "http://127.0.0.1:31501"}
+            assert await relay.prefill_url("127.0.0.1", 31503, "q") == "http://127.0.0.1:31501"
+            relay.router_url = ""  # a decode instance started without --stream-pd-router
+            with pytest.raises(NoRouter, match="--stream-pd-router"):
+                await relay.prefill_url("127.0.0.1", 9, "q")
+            body = {"session_params": {"s2l": {"stream_id": "q"}}, "bootstrap_port": "x"}
+            with pytest.raises(BadBootstrap):
+                await relay.relay({**body, "bootstrap_room": 1}, {})
+        finally:
+            await relay.close()
+
+    asyncio.run(run())
