@@ -9,10 +9,11 @@ One scheduling step, before SGLang builds a prefill batch:
 1. host copies nobody will swap in are dropped (their stream closed, or holds a slot again);
 2. swap-ins: the host KV of streams whose next turn waits comes back, the policy's next
    admission first (evicting LRU cache if needed), others only into free KV;
-3. preemptions: where the plan (`planner.plan`) of the policy's next admission does not fit
-   the free KV, its victims (idle streams, and waiting turns that have not borrowed their
-   slot) are preempted, lowest priority first, each by the mode the `Preemption` picks for its
-   own held tokens.
+3. preemptions: where the policy's next admission (the head of `decide_order`'s order) does
+   not fit the free KV, its victims (idle streams, and waiting turns that have not borrowed
+   their slot) are preempted, lowest priority first, each by the mode the `Preemption` picks
+   for its own held tokens. This is `planner.plan`'s decision for a budget of that one
+   admission, computed without ordering and planning every request each step.
 The waiting queue's order is a separate decision (`decide_order`, at SGLang's
 `calc_priority`), and so is the cancellation of a stale speculative turn (`may_cancel`).
 """
@@ -20,13 +21,15 @@ The waiting queue's order is a separate decision (`decide_order`, at SGLang's
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Literal, NamedTuple
 
-from s2l_sglang.rid import is_final, is_speculative, is_volatile, stream_of
-from s2l_sglang.sched.planner import choose_victims, plan
+from s2l_sglang.rid import MARK, is_final, is_speculative, is_volatile, stream_of
 from s2l_sglang.sched.policy import Policy
 from s2l_sglang.sched.preemption import Preemption
 from s2l_sglang.sched.snapshot import ReqView
+
+_RECLAIMABLE = itemgetter(ReqView._fields.index("reclaimable_kv"))
 
 
 class StreamInfo(NamedTuple):
@@ -106,6 +109,63 @@ def record_turn(streams: Mapping[str, StreamInfo], rid: str, now: float) -> Stre
     return StreamInfo(opened=opened, last_chunk=now, complete=is_final(rid))
 
 
+_new = tuple.__new__  # a ReqView from a field tuple, without NamedTuple's Python-level __new__
+
+
+def _waiting_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqView]:
+    """One `ReqView` per waiting request, in the snapshot's order (see `views`)."""
+    out: list[ReqView] = []
+    append = out.append
+    slots_get = snap.slots.get
+    streams_get = streams.get
+    for rid, prompt_len, prefix_hit, max_new, entered, borrowed in snap.waiting:
+        sid, mark, _ = rid.rpartition(MARK)  # stream_of, inline: this loop is the step's cost
+        info = streams_get(sid) if mark else None
+        slot = slots_get(sid) if mark else None
+        if slot is not None:
+            held = slot.committed
+            ev = slot.allocated if not borrowed else 0
+        else:
+            held = ev = 0
+        hit = held if held > prefix_hit else prefix_hit
+        pending = prompt_len - hit
+        pending = (pending if pending > 1 else 1) + max_new
+        if info is not None:
+            v = (rid, True, info.complete, info.opened, info.last_chunk, held, pending)
+        else:
+            v = (rid, False, True, entered, entered, held, pending)
+        append(_new(ReqView, v + ("waiting", False, ev)))
+    return out
+
+
+def _idle_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqView]:
+    """One `ReqView` per idle stream: a slot holding KV with no turn in flight (see `views`)."""
+    streams_get = streams.get
+    out: list[ReqView] = []
+    for sid, slot in snap.slots.items():
+        info = streams_get(sid)
+        if info is None or slot.inflight:
+            continue
+        out.append(
+            _new(
+                ReqView,
+                (
+                    sid,
+                    True,
+                    info.complete,
+                    info.opened,
+                    info.last_chunk,
+                    slot.committed,
+                    0,
+                    "idle",
+                    False,
+                    slot.allocated,
+                ),
+            )  # fmt: skip
+        )
+    return out
+
+
 def views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqView]:
     """One `ReqView` per waiting request and per idle stream (a slot with no turn in flight).
 
@@ -115,48 +175,7 @@ def views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqView]:
     own class. Its KV need is what SGLang's admission asks: the extend past its prefix hit (or
     past what its stream's slot holds) plus its clipped output budget.
     """
-    out: list[ReqView] = []
-    slots = snap.slots
-    for w in snap.waiting:
-        sid = stream_of(w.rid)
-        info = streams.get(sid) if sid is not None else None
-        slot = slots.get(sid) if sid is not None else None
-        held = slot.committed if slot is not None else 0
-        preemptible = slot is not None and slot.allocated > 0 and not w.borrowed
-        arrival = info.opened if info is not None else w.entered
-        out.append(
-            ReqView(
-                rid=w.rid,
-                is_stream=info is not None,
-                complete=info.complete if info is not None else True,
-                arrival=arrival,
-                last_chunk=info.last_chunk if info is not None else arrival,
-                held=held,
-                pending=max(1, w.prompt_len - max(held, w.prefix_hit)) + w.max_new,
-                state="waiting",
-                decoding=False,
-                reclaimable_kv=slot.allocated if preemptible else 0,
-            )
-        )
-    for sid, slot in slots.items():
-        info = streams.get(sid)
-        if info is None or slot.inflight:
-            continue
-        out.append(
-            ReqView(
-                rid=sid,
-                is_stream=True,
-                complete=info.complete,
-                arrival=info.opened,
-                last_chunk=info.last_chunk,
-                held=slot.committed,
-                pending=0,
-                state="idle",
-                decoding=False,
-                reclaimable_kv=slot.allocated,
-            )
-        )
-    return out
+    return _waiting_views(snap, streams) + _idle_views(snap, streams)
 
 
 def needs_order(rids: list[str], keep_sglang_order: bool) -> bool:
@@ -165,6 +184,15 @@ def needs_order(rids: list[str], keep_sglang_order: bool) -> bool:
     if len(rids) < 2:
         return False
     return not keep_sglang_order or any(is_speculative(r) for r in rids)
+
+
+def _committed_first(order: list[ReqView]) -> list[str]:
+    """The rids of `order` with volatile tails moved after everything else."""
+    rids = [v.rid for v in order]
+    volatile = [r for r in rids if is_volatile(r)]
+    if not volatile:
+        return rids
+    return [r for r in rids if not is_volatile(r)] + volatile
 
 
 def decide_order(
@@ -179,9 +207,13 @@ def decide_order(
     each class, and nothing to do while no speculative turn waits."""
     if not needs_order([w.rid for w in snap.waiting], keep_sglang_order):
         return None
-    waiting = [v for v in views(snap, streams) if v.state == "waiting"]
-    order = [v.rid for v in policy.order(waiting)]
-    return tuple([r for r in order if not is_volatile(r)] + [r for r in order if is_volatile(r)])
+    return tuple(_committed_first(policy.order(_waiting_views(snap, streams))))
+
+
+def _head(policy: Policy, waiting: list[ReqView]) -> ReqView:
+    """The next admission: the first of `decide_order`'s order (volatile tails last)."""
+    order = policy.order(waiting)
+    return next((v for v in order if not is_volatile(v.rid)), order[0])
 
 
 def decide(
@@ -194,13 +226,22 @@ def decide(
 
     `preemption` None: no preemption mode is set up yet (nothing is preempted). A swap-in is
     assumed to take its copy's size from the allocator's free tokens (the tree may still hold
-    part of it); the copy becomes prefix cache that the stream's waiting turn will match."""
+    part of it); the copy becomes prefix cache that the stream's waiting turn will match.
+
+    The plan is that of one admission, the policy's next (`_head`), with a token budget of its
+    whole extend: it is granted what fits in the free KV plus the KV of every other holder,
+    and the victims are those holders, idle streams first, each class lowest priority first
+    (`planner.plan`'s order, which tests/unit/test_decide.py checks this against on random
+    snapshots). When even that cannot make room for the head, nothing is preempted: it waits
+    for KV that running requests release. Only the waiting requests are ordered each step;
+    the holders only when the head lacks KV. It relies on a policy ordering any subset as it
+    orders the whole, as the sort-based built-in ones do."""
     drop = tuple(c.sid for c in snap.host if not c.session_open or c.sid in snap.slots)
-    copies = {c.sid: c for c in snap.host if c.sid not in drop}
-    if not snap.waiting and not snap.chunked_next:
+    if not snap.waiting:
         return Actions(drop_copies=drop) if drop else NOTHING
-    all_views = views(snap, streams)
-    first = next((v for v in policy.order(all_views) if v.state == "waiting"), None)
+    copies = {c.sid: c for c in snap.host if c.sid not in drop}
+    waiting = _waiting_views(snap, streams)
+    first = _head(policy, waiting)
 
     swap_in: list[str] = []
     if copies:
@@ -210,7 +251,7 @@ def decide(
             copy = copies.get(sid) if sid is not None else None
             if copy is None or sid in swap_in:
                 continue
-            if (first is None or w.rid != first.rid) and available < copy.size:
+            if w.rid != first.rid and available < copy.size:
                 continue
             swap_in.append(copy.sid)
             available = max(0, available - copy.size)  # the head's evicts LRU cache for room
@@ -218,33 +259,55 @@ def decide(
             # The copy goes into the prefix cache (evictable, so free_kv stays as it is),
             # where the turn's own match finds it.
             back = {s: copies[s].size for s in swap_in}
-            waiting = tuple(
+            hits = tuple(
                 w._replace(prefix_hit=max(w.prefix_hit, back.get(stream_of(w.rid) or "", 0)))
                 for w in snap.waiting
             )
-            snap = snap._replace(waiting=waiting)
-            all_views = views(snap, streams)
+            snap = snap._replace(waiting=hits)
+            waiting = _waiting_views(snap, streams)
+            first = next(v for v in waiting if v.rid == first.rid)
     done = Actions(drop, tuple(swap_in)) if drop or swap_in else NOTHING
-    if first is None or preemption is None or not any(v.reclaimable_kv for v in all_views):
+    if preemption is None:
         return done
-    first = next(v for v in all_views if v.rid == first.rid)
-    free_kv = snap.free_kv - snap.chunked_next  # mid-prefill: its next chunk comes first
-    step = plan(all_views, policy, token_budget=first.pending, free_kv=max(0, free_kv))
-    if step.kv_shortfall <= 0:
+    idle = _idle_views(snap, streams)
+    reclaimable = sum(map(_RECLAIMABLE, waiting)) + sum(map(_RECLAIMABLE, idle))
+    if not reclaimable:
+        return done
+    free_kv = max(0, snap.free_kv - snap.chunked_next)  # mid-prefill: its next chunk first
+    cap = free_kv + reclaimable - first.reclaimable_kv  # all the KV the head could have
+    shortfall = min(first.pending, cap) - free_kv  # <= 0 also when cap <= 0: no victim helps
+    if shortfall <= 0:
         return done._replace(planned=True)
-    by_rid = {v.rid: v for v in all_views}
+    victims = _victims(policy, [v for v in waiting if v is not first] + idle, shortfall)
     preempt: list[Preempt] = []
     host_free = snap.host_free + sum(copies[s].size for s in swap_in)
-    for rid in choose_victims(step, by_rid, step.kv_shortfall):
-        view = by_rid[rid]
-        sid = rid if view.state == "idle" else stream_of(rid)
+    for view in victims:
+        sid = view.rid if view.state == "idle" else stream_of(view.rid)
         if not view.reclaimable_kv or sid is None or sid not in snap.slots:
             continue
         mode = preemption.decide(view.reclaimable_kv, host_free)
         if mode == "swap":
             host_free -= view.reclaimable_kv
         preempt.append(Preempt(sid, mode, view.reclaimable_kv))
-    return Actions(drop, tuple(swap_in), tuple(preempt), step.kv_shortfall, planned=True)
+    return Actions(drop, tuple(swap_in), tuple(preempt), shortfall, planned=True)
+
+
+def _victims(policy: Policy, others: list[ReqView], shortfall: int) -> list[ReqView]:
+    """The fewest of `others` holding KV, in preemption order (those without work first, then
+    the rest, each lowest priority first), whose KV covers `shortfall` (all if none do)."""
+    holders = policy.order([v for v in others if v.reclaimable_kv])
+    holders.reverse()
+    idle = [v for v in holders if not (v.pending or v.decoding)]
+    if idle and len(idle) < len(holders):
+        holders = idle + [v for v in holders if v.pending or v.decoding]
+    out: list[ReqView] = []
+    freed = 0
+    for v in holders:
+        out.append(v)
+        freed += v.reclaimable_kv
+        if freed >= shortfall:
+            break
+    return out
 
 
 def may_cancel(snap: Snapshot, rid: str) -> bool:

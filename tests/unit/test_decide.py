@@ -7,10 +7,16 @@ with their mode, and cancellation."""
 
 from __future__ import annotations
 
-from s2l_sglang.rid import final_rid, turn_rid, volatile_rid
+import random
+
+import pytest
+
+from s2l_sglang.rid import final_rid, is_volatile, stream_of, turn_rid, volatile_rid
 from s2l_sglang.sched.decide import (
     NOTHING,
+    Actions,
     HostCopy,
+    Preempt,
     SlotView,
     Snapshot,
     StreamInfo,
@@ -21,6 +27,7 @@ from s2l_sglang.sched.decide import (
     record_turn,
     views,
 )
+from s2l_sglang.sched.planner import choose_victims, plan
 from s2l_sglang.sched.policy import get_policy
 from s2l_sglang.sched.preemption import get_preemption
 
@@ -220,3 +227,140 @@ def test_record_turn_keeps_the_opening_time_and_marks_the_final_turn():
     assert first == StreamInfo(3.0, 3.0, False)
     final = record_turn({"x": first}, final_rid("x"), 8.0)
     assert final == StreamInfo(3.0, 8.0, True)
+
+
+def test_the_next_admission_is_never_a_volatile_tail_while_other_work_waits():
+    """decide plans for the request `decide_order` puts first: a volatile tail goes after
+    everything, so KV is never freed for it while a stable turn waits."""
+    s = snap(
+        waiting(volatile_rid("a", 3), 900, max_new=0),  # a opened first: fcfs ranks it first
+        waiting(turn_rid("b", 2), 300, max_new=0),
+        slots=[idle("c", 800)],
+        free_kv=100,
+    )
+    actions = decide(s, STREAMS, get_policy("fcfs"), get_preemption("recompute"))
+    assert actions.shortfall == 300 - 100  # b's extend, not a's 900
+    assert [p.sid for p in actions.preempt] == ["c"]
+
+
+def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
+    """The decision as the general planner makes it: every view ordered and planned
+    (`planner.plan` with the head's extend as the budget, `choose_victims`)."""
+    drop = tuple(c.sid for c in s.host if not c.session_open or c.sid in s.slots)
+    copies = {c.sid: c for c in s.host if c.sid not in drop}
+    if not s.waiting:
+        return Actions(drop_copies=drop) if drop else NOTHING
+    order = [v for v in policy.order(views(s, streams)) if v.state == "waiting"]
+    first = next((v for v in order if not is_volatile(v.rid)), order[0])
+    swap_in, available = [], s.available
+    for w in s.waiting:
+        copy = copies.get(stream_of(w.rid) or "")
+        if copy is None or copy.sid in swap_in:
+            continue
+        if w.rid != first.rid and available < copy.size:
+            continue
+        swap_in.append(copy.sid)
+        available = max(0, available - copy.size)
+    if swap_in:
+        back = {sid: copies[sid].size for sid in swap_in}
+        hits = tuple(
+            w._replace(prefix_hit=max(w.prefix_hit, back.get(stream_of(w.rid) or "", 0)))
+            for w in s.waiting
+        )
+        s = s._replace(waiting=hits)
+    done = Actions(drop, tuple(swap_in)) if drop or swap_in else NOTHING
+    all_views = views(s, streams)
+    if preemption is None or not any(v.reclaimable_kv for v in all_views):
+        return done
+    first = next(v for v in all_views if v.rid == first.rid)
+    # the head first, as SGLang's admission takes it; then the others in the policy's order
+    ranked = [first] + [v for v in policy.order(all_views) if v.rid != first.rid]
+    free_kv = max(0, s.free_kv - s.chunked_next)
+    if free_kv + sum(v.reclaimable_kv for v in ranked[1:]) <= 0:  # no victim can make room
+        return done._replace(planned=True)
+    step = plan(ranked, get_policy("default"), first.pending, free_kv)
+    if step.kv_shortfall <= 0:
+        return done._replace(planned=True)
+    by_rid = {v.rid: v for v in all_views}
+    preempt, host_free = [], s.host_free + sum(copies[sid].size for sid in swap_in)
+    for rid in choose_victims(step, by_rid):
+        v = by_rid[rid]
+        sid = rid if v.state == "idle" else stream_of(rid)
+        if not v.reclaimable_kv or sid not in s.slots:
+            continue
+        mode = preemption.decide(v.reclaimable_kv, host_free)
+        host_free -= v.reclaimable_kv if mode == "swap" else 0
+        preempt.append(Preempt(sid, mode, v.reclaimable_kv))
+    return Actions(drop, tuple(swap_in), tuple(preempt), step.kv_shortfall, planned=True)
+
+
+def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo]]:
+    """A small random scheduler state: plain requests, stream turns (stable, volatile, final;
+    on their row or not), idle and busy slots, host copies, tight or ample KV."""
+    waiting_, slots, host, streams = [], {}, [], {}
+    for i in range(rng.randint(0, 12)):
+        sid = f"s{i}"
+        kind = rng.random()
+        at = float(rng.randint(0, 5))  # repeated times: ties go to the rid order
+        held = rng.randint(0, 600)
+        if kind < 0.2:
+            waiting_.append(
+                WaitingReq(
+                    f"p{i}", rng.randint(1, 900), rng.randint(0, 300), rng.randint(0, 64), at, False
+                )  # fmt: skip
+            )
+            continue
+        streams[sid] = StreamInfo(at, at + rng.randint(0, 5), kind > 0.85)
+        inflight = kind < 0.7 or kind > 0.85
+        slots[sid] = SlotView(sid, held, held + rng.randint(0, 16), inflight)
+        if rng.random() < 0.2:
+            del slots[sid]
+        if inflight:
+            rid = (final_rid(sid) if kind > 0.85 else
+                   rng.choice([turn_rid(sid, 2), volatile_rid(sid, 3)]))  # fmt: skip
+            waiting_.append(
+                WaitingReq(
+                    rid,
+                    held + rng.randint(1, 700),
+                    rng.randint(0, 200),
+                    rng.randint(0, 32),
+                    at,
+                    rng.random() < 0.4 and sid in slots,
+                )  # fmt: skip
+            )
+        if sid not in slots and rng.random() < 0.5:
+            host.append(HostCopy(sid, rng.randint(1, 500), rng.random() < 0.9))
+    rng.shuffle(waiting_)
+    free = rng.randint(0, 1_500)
+    s = Snapshot(100.0, tuple(waiting_), slots, free, rng.randint(0, free), rng.choice([0, 0, 200]),
+                 tuple(host), rng.randint(0, 1_000))  # fmt: skip
+    return s, streams
+
+
+@pytest.mark.parametrize("policy", ["default", "fcfs", "lcas", "mcps"])
+@pytest.mark.parametrize("mode", ["swap", "recompute", None])
+def test_decide_equals_the_general_planners_decision_on_random_states(policy, mode):
+    """decide plans one admission without ordering or planning every view; on 400 random
+    states its actions equal those of the general planner run over all of them."""
+    rng = random.Random(f"{policy}-{mode}")
+    pol, pre = get_policy(policy), (get_preemption(mode) if mode else None)
+    preempting = 0
+    for _ in range(400):
+        s, streams = _random_snapshot(rng)
+        got = decide(s, streams, pol, pre)
+        assert got == _reference_decide(s, streams, pol, pre), s
+        preempting += bool(got.preempt)
+    if mode:
+        assert preempting > 40  # the states do exercise the victims
+
+
+def test_nothing_is_preempted_when_no_victim_can_make_room_for_the_head():
+    """The head's own unborrowed slot is its only KV around: preempting it would not admit
+    it, so it waits for KV that running requests release."""
+    s = snap(
+        waiting(turn_rid("a", 2), 900, max_new=0),
+        slots=[SlotView("a", 400, 400, inflight=True)],
+        free_kv=0,
+    )
+    actions = decide(s, STREAMS, get_policy("fcfs"), get_preemption("recompute"))
+    assert actions.planned and actions.preempt == ()
