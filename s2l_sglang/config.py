@@ -48,6 +48,11 @@ class StreamConfig:
     #: prefix it shares with the version before) only at the lowest priority, with budget no
     #: other request wants
     hold_back: bool = True
+    #: update mode: a held-back tail is sent once the stream has been quiet for
+    #: `SETTLE_GAPS` times the longest gap between its versions so far, and at most this many
+    #: seconds after its last version (0: at once); a tail that a refinement arriving sooner
+    #: would rewrite is then never prefilled
+    hold_back_settle: float = 1.0
 
     def __post_init__(self) -> None:
         from s2l_sglang.sched.policy import policy_names
@@ -69,6 +74,8 @@ class StreamConfig:
             )
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be a positive integer: {self.max_body_bytes!r}")
+        if not isinstance(self.hold_back_settle, (int, float)) or not self.hold_back_settle >= 0:
+            raise ValueError(f"hold_back_settle must be >= 0 seconds: {self.hold_back_settle!r}")
         if not isinstance(self.speculative_chunk, int) or self.speculative_chunk <= 0:
             raise ValueError(
                 f"speculative_chunk must be a positive integer: {self.speculative_chunk!r}"
@@ -161,6 +168,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.hold_back,
         help="update mode: prefill a refined context's rewritten tail at speculative priority "
         "instead of the lowest (default: held back)",
+    )
+    group.add_argument(
+        "--stream-hold-back-settle",
+        dest="hold_back_settle",
+        type=float,
+        default=d.hold_back_settle,
+        metavar="SECONDS",
+        help="update mode: a held-back tail waits until the stream has been quiet for twice "
+        "the longest gap between its versions, at most this long (default: %(default)s; "
+        "0: no wait)",
     )
 
 

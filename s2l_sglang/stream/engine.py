@@ -28,6 +28,7 @@ class StreamEngine:
         host_kv_tokens: int | None = None,
         speculative_chunk: int = 512,
         hold_back: bool = True,
+        hold_back_settle: float = 1.0,
         **engine_kwargs: Any,
     ):
         """`stream_policy`: the scheduler's stream policy (`default`, `fcfs`, `lcas`, `mcps`;
@@ -37,7 +38,10 @@ class StreamEngine:
         device pool's size). `idle_timeout`: seconds before a quiet stream is aborted (None:
         never). `speculative_chunk`: most new tokens per prefill turn of a context not yet
         final (a final context waits behind at most one). `hold_back`: in update mode, the
-        tail a refinement rewrote is prefilled only at the lowest priority. A bad value is a ValueError here, before anything starts. Other arguments go to
+        tail a refinement rewrote is prefilled only at the lowest priority, and
+        `hold_back_settle`: once the stream has been quiet for a while (at most that many
+        seconds; see `StreamConfig`). A bad value is a ValueError here, before anything
+        starts. Other arguments go to
         `sgl.Engine` (the embedded model and CPU defaults unless overridden)."""
         import sglang as sgl
 
@@ -51,6 +55,7 @@ class StreamEngine:
             stream_idle_timeout=idle_timeout,
             speculative_chunk=speculative_chunk,
             hold_back=hold_back,
+            hold_back_settle=hold_back_settle,
         )
         kwargs = default_kwargs(**engine_kwargs)
         kwargs.setdefault("log_level", "error")  # as sgl.Engine does for keyword arguments

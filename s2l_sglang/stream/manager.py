@@ -72,6 +72,9 @@ STALLED_READER_S = 60.0
 OFF_LOOP_CHARS = 1 << 16
 #: a prefill turn in flight is cancelled when a newer context drops more of it than this
 CANCEL_MIN_TOKENS = 16
+#: update mode: a volatile tail is sent once the stream has been quiet for this many times the
+#: longest gap between its versions (`StreamManager._settle`)
+SETTLE_GAPS = 2.0
 logger = logging.getLogger(__name__)
 
 
@@ -141,6 +144,10 @@ class Stream:
     cancel_for_final: bool = False  # ... or because the stream is finishing (`promoted`)
     #: update mode: ids from here on are the volatile tail (what the last update rewrote)
     volatile_from: int | None = None
+    #: update mode: the longest time between two versions of the context so far
+    update_gap: float = 0.0
+    #: set when the context changes or the stream finishes or closes (wakes a settling pump)
+    moved: asyncio.Event = field(default_factory=asyncio.Event)
     state: State = State.OPEN
     #: set when the stream closes (a connection waiting on the stream learns it at once)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
@@ -314,6 +321,7 @@ class StreamManager:
                 "after a generating turn, finish needs new input (a tool result, a question)", sid
             )
         stream.state = State.FINISHING
+        stream.moved.set()  # a settling pump stops waiting
         self._promote_inflight(stream)
         if stream.kind == "text" and stream.anchor.chars > 0:
             await self._check_incremental(stream)
@@ -332,6 +340,7 @@ class StreamManager:
                 sid,
             )
         stream.state = State.FINISHING  # the pump stops after the turn in flight
+        stream.moved.set()
         self._promote_inflight(stream)
         return stream.chat.filled(stream.text)
 
@@ -641,11 +650,14 @@ class StreamManager:
         """The stream's context is now `ids` (of `text`, for a text stream); the pump sends it.
         `replaced`: an update; what it rewrote of the previous version is the volatile tail."""
         await self._check_length(stream, len(ids))
+        now = time.monotonic()
         if replaced and self.config.hold_back:
             stream.volatile_from = lcp(stream.ids, ids)
+            stream.update_gap = max(stream.update_gap, now - stream.last_chunk_at)
         stream.text, stream.ids = text, ids
         stream.counters.chunks += int(chunk)
-        stream.last_chunk_at = time.monotonic()
+        stream.last_chunk_at = now
+        stream.moved.set()
         self._cancel_if_superseded(stream)
         if start_pump and (stream.pump is None or stream.pump.done()):
             stream.pump = asyncio.ensure_future(self._pump(stream))
@@ -762,6 +774,8 @@ class StreamManager:
                 if plan is None:
                     return
                 plan, volatile = self._hold_back(stream, plan)
+                if volatile and await self._settle(stream):
+                    continue  # the context moved meanwhile, or the stream finished
                 cap = self.config.speculative_chunk
                 if len(plan.delta) > cap:  # preemptible between turns: see speculative_chunk
                     cap = max(cap - cap % self.page_size, self.page_size)  # whole pages
@@ -772,6 +786,23 @@ class StreamManager:
         except Exception as exc:  # a failed turn ends the stream: its KV is freed at once
             stream.error = engine_error(exc, stream.sid)
             await self._close(stream, f"aborted: {stream.error}")
+
+    async def _settle(self, stream: Stream) -> bool:
+        """Before a volatile tail's turn: wait until the stream has been quiet for SETTLE_GAPS
+        times the longest gap between its versions (at most `hold_back_settle` seconds after
+        its last one). Refinements that come in a burst (the ANN workload sends its first
+        versions within 0.3 s, the last seconds later) then rewrite tails nobody prefilled.
+        True if something happened meanwhile (a new version, a finish, a close)."""
+        quiet = min(self.config.hold_back_settle, SETTLE_GAPS * stream.update_gap)
+        wait = stream.last_chunk_at + quiet - time.monotonic()
+        if wait <= 0:
+            return False
+        stream.moved.clear()
+        try:
+            await asyncio.wait_for(stream.moved.wait(), wait)
+        except TimeoutError:
+            return False
+        return True
 
     def _hold_back(self, stream: Stream, plan: Turn) -> tuple[Turn, bool]:
         """Update mode: a turn sends the stable prefix (shared with the version before) first,
@@ -1012,6 +1043,7 @@ class StreamManager:
         if stream.closed:
             return
         stream.state = State.CLOSED
+        stream.moved.set()
         stream.ended.set()
         self.streams.pop(stream.sid, None)
         self._ended[stream.sid] = reason

@@ -73,3 +73,75 @@ def test_without_hold_back_every_prefill_turn_is_speculative():
     turns = turns_of(False, [V1, V2, V3])
     assert not any(is_volatile(t.rid) for t in turns)
     assert [len(t.input_ids) for t in turns] == [8, 8, 4, 8, 6, 4]
+
+
+async def _settling(stream) -> None:
+    """Until the stream's pump waits for the stream to settle (it clears `moved` to wait);
+    an AssertionError if it does not within 10 s."""
+    for _ in range(10_000):
+        if not stream.moved.is_set():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the pump did not wait for the stream to settle")
+
+
+def test_a_tail_waits_while_versions_come_in_a_burst_and_a_finish_ends_the_wait():
+    """Versions 10 s apart so far: a new tail waits until the stream has been quiet for 20 s.
+    A refinement meanwhile rewrites it: nothing of it was sent. The finish wakes the pump at
+    once, and the final turn carries the new tail."""
+    from s2l_sglang.stream.manager import StreamManager
+
+    tm = FakeTM()
+    mgr = StreamManager(tm, StreamConfig(hold_back=True, hold_back_settle=30.0,
+                                         speculative_chunk=64))  # fmt: skip
+
+    async def run():
+        await mgr.open("h", {"max_new_tokens": 1}, input_ids=V1)
+        await mgr.wait_prefilled("h")
+        stream = mgr.streams["h"]
+        stream.update_gap = 10.0  # as if the versions so far came 10 s apart
+        await mgr.update("h", input_ids=V2)
+        await _settling(stream)
+        assert not stream.pump.done() and len(tm.turns) == 1  # V1's turn only
+        await mgr.update("h", input_ids=V3)
+        await _settling(stream)
+        outs = await asyncio.wait_for(_drain(await mgr.finish("h")), 10)  # not 20 s
+        return outs
+
+    asyncio.run(run())
+    # V1; then the part V2 and V3 share (stable: not held back), after the rollback to 6;
+    # then the final turn with V3's new tail: no volatile turn was ever sent
+    assert not any(is_volatile(t.rid) for t in tm.turns)
+    stable, final = tm.turns[1:]
+    assert list(stable.input_ids) == V3[6:16] and stable.session_params["offset"] == 6
+    assert list(final.input_ids) == V3[16:]
+
+
+async def _drain(outputs) -> list:
+    return [o async for o in outputs]
+
+
+def test_a_tail_goes_once_the_stream_is_quiet():
+    from s2l_sglang.stream.manager import StreamManager
+
+    tm = FakeTM()
+    mgr = StreamManager(tm, StreamConfig(hold_back=True, hold_back_settle=0.05,
+                                         speculative_chunk=64))  # fmt: skip
+
+    async def run():
+        await mgr.open("h", None, input_ids=V1)
+        await mgr.wait_prefilled("h")
+        mgr.streams["h"].update_gap = 10.0  # capped: quiet for 0.05 s
+        await mgr.update("h", input_ids=V2)
+        await mgr.wait_prefilled("h")
+        await mgr.abort("h")
+
+    asyncio.run(run())
+    assert [(is_volatile(t.rid), list(t.input_ids)) for t in tm.turns[1:]] == [(True, V2[6:])]
+
+
+def test_the_settle_time_is_checked():
+    import pytest
+
+    with pytest.raises(ValueError, match="hold_back_settle"):
+        StreamConfig(hold_back_settle=-1)
