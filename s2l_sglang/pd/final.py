@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from s2l_sglang.rid import stream_of
-from s2l_sglang.server.routed import ROUTING_KEY_HEADER
+from s2l_sglang.server.headers import ROUTING_KEY_HEADER
 from s2l_sglang.stream.errors import StreamError
 from s2l_sglang.stream.isolation import stream_id_of
 

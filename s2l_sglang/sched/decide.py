@@ -247,8 +247,8 @@ def decide(
     if copies:
         available = snap.available
         for w in snap.waiting:
-            sid = stream_of(w.rid)
-            copy = copies.get(sid) if sid is not None else None
+            sid, mark, _ = w.rid.rpartition(MARK)  # stream_of, inline
+            copy = copies.get(sid) if mark else None
             if copy is None or sid in swap_in:
                 continue
             if w.rid != first.rid and available < copy.size:
@@ -269,11 +269,16 @@ def decide(
     done = Actions(drop, tuple(swap_in)) if drop or swap_in else NOTHING
     if preemption is None:
         return done
+    free_kv = max(0, snap.free_kv - snap.chunked_next)  # mid-prefill: its next chunk first
+    if first.pending <= free_kv:  # it fits: no idle stream needs looking at
+        at_stake = any(map(_RECLAIMABLE, waiting)) or any(
+            s.allocated and not s.inflight and s.sid in streams for s in snap.slots.values()
+        )
+        return done._replace(planned=True) if at_stake else done
     idle = _idle_views(snap, streams)
     reclaimable = sum(map(_RECLAIMABLE, waiting)) + sum(map(_RECLAIMABLE, idle))
     if not reclaimable:
         return done
-    free_kv = max(0, snap.free_kv - snap.chunked_next)  # mid-prefill: its next chunk first
     cap = free_kv + reclaimable - first.reclaimable_kv  # all the KV the head could have
     shortfall = min(first.pending, cap) - free_kv  # <= 0 also when cap <= 0: no victim helps
     if shortfall <= 0:

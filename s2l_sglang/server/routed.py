@@ -36,11 +36,10 @@ import orjson
 from fastapi.responses import Response
 
 from s2l_sglang.server.bodies import BadRequest, RoutedCommand, parse_command
+from s2l_sglang.server.headers import ROUTING_KEY_HEADER
 from s2l_sglang.stream.errors import StreamError
 from s2l_sglang.stream.isolation import TOKEN_HEADER
 
-#: the header by which sglang-router's manual policy picks a worker (one per key)
-ROUTING_KEY_HEADER = "x-smg-routing-key"
 #: the key of `session_params` that carries a stream command
 COMMAND_KEY = "s2l"
 
