@@ -79,21 +79,28 @@ def slots(scheduler: Any) -> dict[str, SlotView]:
     return out
 
 
-def waiting(scheduler: Any, at: float) -> tuple[WaitingReq, ...]:
+def waiting(scheduler: Any, at: float, evictable: int = 0) -> tuple[WaitingReq, ...]:
+    """The waiting queue. A request's `prefix_free` is its prefix hit, at most `evictable`
+    (the prefix cache's evictable tokens): an upper bound of what its admission's lock takes
+    out of the free KV (exact when no other request holds its prefix; a turn on its
+    session's row locks nothing new)."""
     clip = _clip_max_new()
     slot_of = scheduler.tree_cache.session.slots
     out = []
     for req in scheduler.waiting_queue:
         sid = stream_of(req.rid)
         slot = slot_of.get(sid) if sid is not None else None
+        hit = int(getattr(req, "prefix_len", 0) or 0)
+        borrowed = slot is not None and req.kv is slot.kv
         out.append(
             WaitingReq(
                 rid=req.rid,
                 prompt_len=len(req.origin_input_ids),
-                prefix_hit=int(getattr(req, "prefix_len", 0) or 0),
+                prefix_hit=hit,
                 max_new=min(req.sampling_params.max_new_tokens or 0, clip),
                 entered=entered(req, at),
-                borrowed=slot is not None and req.kv is slot.kv,
+                borrowed=borrowed,
+                prefix_free=0 if borrowed else min(hit, evictable),
             )
         )
     return tuple(out)
@@ -140,22 +147,43 @@ def host_copies(scheduler: Any, host: Any) -> tuple[HostCopy, ...]:
     )
 
 
-def snapshot(scheduler: Any, host: Any = None, running_batch: Any = None) -> Snapshot:
-    """SGLang's scheduler state now, as `sched.decide` needs it."""
+def admit_extra(scheduler: Any) -> int:
+    """What `PrefillAdder.add_one_req` asks of the free KV beyond a request's extend and
+    output budget: a page (its `per_req_token_overhead`), and 1 for its strict test
+    (`total_tokens < remaining_total`)."""
+    return int(scheduler.tree_cache.page_size) + 1
+
+
+def snapshot(
+    scheduler: Any, host: Any = None, running_batch: Any = None, stalled: int = 0
+) -> Snapshot:
+    """SGLang's scheduler state now, as `sched.decide` needs it (`stalled`: the caller's
+    count of steps in a row that admitted nothing while nothing ran)."""
     at = now()
     available = int(scheduler.token_to_kv_pool_allocator.available_size())
     evictable = int(scheduler.tree_cache.evictable_size())
     free = available + evictable - running_reserve(scheduler, running_batch)
     return Snapshot(
         now=at,
-        waiting=waiting(scheduler, at),
+        waiting=waiting(scheduler, at, evictable),
         slots=slots(scheduler),
         free_kv=free,
         available=available,
         chunked_next=chunked_next(scheduler),
         host=host_copies(scheduler, host),
         host_free=host.free_tokens if host is not None else 0,
+        admit_extra=admit_extra(scheduler),
+        stalled=stalled,
     )
+
+
+def stalled_step(scheduler: Any, batch: Any, running_batch: Any) -> bool:
+    """A prefill step (`get_new_batch_prefill` gave `batch`) that admitted nothing while
+    requests wait and nothing runs or is mid-prefill: nothing in SGLang will free KV."""
+    if admitted(batch) or not scheduler.waiting_queue or scheduler.chunked_req is not None:
+        return False
+    batch_ = running_batch if running_batch is not None else scheduler.running_batch
+    return not (getattr(batch_, "reqs", None) or [])
 
 
 def open_sessions(scheduler: Any) -> set[str]:
@@ -163,14 +191,17 @@ def open_sessions(scheduler: Any) -> set[str]:
 
 
 def live_counts(scheduler: Any) -> dict[str, Any]:
-    """What streams hold right now: open sessions and session slots (each pins KV); this
-    scheduler's data-parallel rank; requests waiting (plain ones apart, and the streams with a
-    turn waiting: stream ids, never session keys) and running (all of them)."""
+    """The KV pool's free and evictable tokens; what streams hold right now: open sessions
+    and session slots (each pins KV); this scheduler's data-parallel rank; requests waiting
+    (plain ones apart, and the streams with a turn waiting: stream ids, never session keys)
+    and running (all of them)."""
     from sglang.srt.runtime_context import get_parallel
 
     found = getattr(getattr(scheduler.tree_cache, "session", None), "slots", {})
     keys = [stream_of(req.rid) for req in scheduler.waiting_queue]
     return {
+        "kv_available": int(scheduler.token_to_kv_pool_allocator.available_size()),
+        "kv_evictable": int(scheduler.tree_cache.evictable_size()),
         "open_sessions": len(scheduler.session_controller.sessions),
         "session_slots": len(found),
         "dp_rank": get_parallel().dp_rank or 0,

@@ -172,11 +172,12 @@ def _around_new_prefill(original: Callable, self, running_batch, *args, **kwargs
     except Exception:  # never take the scheduler down
         _hook_failed("stream KV-pressure relief")
     batch = original(self, running_batch, *args, **kwargs)
-    if waiting is not None:
-        try:
+    try:
+        sched.after_prefill_step(self, batch, running_batch)
+        if waiting is not None:
             sched.after_admission(batch, waiting)
-        except Exception:
-            _hook_failed("stream admission accounting")
+    except Exception:
+        _hook_failed("stream admission accounting")
     return batch
 
 

@@ -66,6 +66,10 @@ class SchedCounters:
     #: speculative turn waited: they go after it, so at most one chunk (SGLang's chunked one)
     volatile_ahead_max: int = 0
     turns_cancelled: int = 0  # stale speculative turns aborted while they waited
+    #: streams preempted because SGLang admitted nothing for `STALL_STEPS` steps while nothing
+    #: ran though the plan counted room for the head (a KV count that differs from SGLang's)
+    stall_preemptions: int = 0
+    stalled_steps_max: int = 0  # most steps in a row that admitted nothing while nothing ran
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -87,6 +91,8 @@ class StreamScheduling:
 
     preemption: Preemption | None = None
     host: HostKVPool | None = None
+    #: prefill steps in a row that admitted nothing while requests waited and nothing ran
+    stalled: int = 0
     profile_path: str | None = None
     #: what `adapter.check_contract` found missing in this SGLang (checked once, at configure)
     contract: list[str] | None = None
@@ -173,11 +179,18 @@ class StreamScheduling:
         if not adapter.has_work_waiting(scheduler) and not (self.host and self.host.entries):
             return []
         self._prune(scheduler)
-        snap = adapter.snapshot(scheduler, self.host, running_batch)
+        snap = adapter.snapshot(scheduler, self.host, running_batch, self.stalled)
         actions = decide(snap, self.streams, self.policy, self.preemption)
         self.counters.plan_calls += int(actions.planned)
         done = adapter.apply(scheduler, actions, self.host)
         c = self.counters
+        if actions.forced:
+            c.stall_preemptions += len(done.preempted)
+            logger.warning(
+                "no request admitted for %d steps while nothing ran: preempting %s",
+                self.stalled,
+                [sid for sid, _, _ in done.preempted],
+            )
         for size in done.dropped:  # a copy never swapped in: in effect a recompute
             c.swap_copies_unused += 1
             c.preemptions_swap -= 1
@@ -205,6 +218,15 @@ class StreamScheduling:
                 ", ".join(released),
             )
         return released
+
+    def after_prefill_step(self, scheduler: Any, batch: Any, running_batch: Any) -> None:
+        """Count the step toward a stall (`adapter.stalled_step`) or end the count."""
+        if adapter.stalled_step(scheduler, batch, running_batch):
+            self.stalled += 1
+            c = self.counters
+            c.stalled_steps_max = max(c.stalled_steps_max, self.stalled)
+        else:
+            self.stalled = 0
 
     def cancel_waiting_turn(self, scheduler: Any, rid: str) -> bool:
         """Abort stream turn `rid` (with the message `CANCELLED`) if it waits in the queue

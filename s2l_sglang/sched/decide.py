@@ -49,6 +49,9 @@ class WaitingReq(NamedTuple):
     max_new: int  # its output budget, clipped as SGLang clips it for admission
     entered: float  # when it entered SGLang's waiting queue
     borrowed: bool  # a stream turn that already runs on its session's KV row
+    #: tokens of its matched prefix that no request has locked: evictable KV now, which its
+    #: admission locks (SGLang's `PrefillAdder` counts them out of the free KV while it decides)
+    prefix_free: int = 0
 
 
 class SlotView(NamedTuple):
@@ -81,6 +84,11 @@ class Snapshot(NamedTuple):
     chunked_next: int  # tokens of the mid-prefill request's next chunk (0: none)
     host: tuple[HostCopy, ...]
     host_free: int  # room left in the host pool, in tokens
+    #: what SGLang's admission asks beyond the extend and the output budget, in tokens: a page
+    #: of rounding, and 1 because it admits only below its free KV (`total < remaining`)
+    admit_extra: int = 0
+    #: scheduling steps in a row that admitted nothing while nothing ran (see `STALL_STEPS`)
+    stalled: int = 0
 
 
 class Preempt(NamedTuple):
@@ -97,6 +105,15 @@ class Actions(NamedTuple):
     preempt: tuple[Preempt, ...] = ()  # victims, lowest priority first
     shortfall: int = 0  # the KV the plan lacked (what the preemptions cover)
     planned: bool = False  # the plan step ran (KV held by preemptible streams was at stake)
+    #: the preemptions were forced by a stall: the head fit the KV as counted here, yet
+    #: SGLang admitted nothing for `STALL_STEPS` steps while nothing ran
+    forced: bool = False
+
+
+#: steps in a row with nothing admitted and nothing running after which the head is taken not
+#: to fit, whatever the count says: KV that streams hold is then freed rather than waited for
+#: (which nothing would end), lowest priority first, one victim's worth per stall
+STALL_STEPS = 16
 
 
 NOTHING = Actions()
@@ -118,7 +135,7 @@ def _waiting_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[Re
     append = out.append
     slots_get = snap.slots.get
     streams_get = streams.get
-    for rid, prompt_len, prefix_hit, max_new, entered, borrowed in snap.waiting:
+    for rid, prompt_len, prefix_hit, max_new, entered, borrowed, _ in snap.waiting:
         sid, mark, _ = rid.rpartition(MARK)  # stream_of, inline: this loop is the step's cost
         info = streams_get(sid) if mark else None
         slot = slots_get(sid) if mark else None
@@ -146,23 +163,8 @@ def _idle_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqVi
         info = streams_get(sid)
         if info is None or slot.inflight:
             continue
-        out.append(
-            _new(
-                ReqView,
-                (
-                    sid,
-                    True,
-                    info.complete,
-                    info.opened,
-                    info.last_chunk,
-                    slot.committed,
-                    0,
-                    "idle",
-                    False,
-                    slot.allocated,
-                ),
-            )  # fmt: skip
-        )
+        fields = (sid, True, info.complete, info.opened, info.last_chunk, slot.committed)
+        out.append(_new(ReqView, fields + (0, "idle", False, slot.allocated)))
     return out
 
 
@@ -228,12 +230,17 @@ def decide(
     assumed to take its copy's size from the allocator's free tokens (the tree may still hold
     part of it); the copy becomes prefix cache that the stream's waiting turn will match.
 
-    The plan is that of one admission, the policy's next (`_head`), with a token budget of its
-    whole extend: it is granted what fits in the free KV plus the KV of every other holder,
-    and the victims are those holders, idle streams first, each class lowest priority first
+    The plan is that of one admission, the policy's next (`_head`), with a token budget of
+    what SGLang's admission asks for it: its extend and output budget, `admit_extra`, and the
+    evictable part of its matched prefix (`prefix_free`: its admission locks it, so that KV
+    is not free for it; leaving it out once let a head that "fit" wait for ever beside idle
+    streams). It is granted what fits in the free KV plus the KV of every other holder, and
+    the victims are those holders, idle streams first, each class lowest priority first
     (`planner.plan`'s order, which tests/unit/test_decide.py checks this against on random
     snapshots). When even that cannot make room for the head, nothing is preempted: it waits
-    for KV that running requests release. Only the waiting requests are ordered each step;
+    for KV that running requests release. After `STALL_STEPS` steps that admitted nothing
+    while nothing ran, a head that fits by this count is taken to lack one token (`forced`),
+    so one victim's KV is freed per stall. Only the waiting requests are ordered each step;
     the holders only when the head lacks KV. It relies on a policy ordering any subset as it
     orders the whole, as the sort-based built-in ones do."""
     drop = tuple(c.sid for c in snap.host if not c.session_open or c.sid in snap.slots)
@@ -257,12 +264,9 @@ def decide(
             available = max(0, available - copy.size)  # the head's evicts LRU cache for room
         if swap_in:
             # The copy goes into the prefix cache (evictable, so free_kv stays as it is),
-            # where the turn's own match finds it.
+            # where the turn's own match finds it; its admission will lock it.
             back = {s: copies[s].size for s in swap_in}
-            hits = tuple(
-                w._replace(prefix_hit=max(w.prefix_hit, back.get(stream_of(w.rid) or "", 0)))
-                for w in snap.waiting
-            )
+            hits = tuple(_with_copy(w, back.get(stream_of(w.rid) or "", 0)) for w in snap.waiting)
             snap = snap._replace(waiting=hits)
             waiting = _waiting_views(snap, streams)
             first = next(v for v in waiting if v.rid == first.rid)
@@ -270,7 +274,13 @@ def decide(
     if preemption is None:
         return done
     free_kv = max(0, snap.free_kv - snap.chunked_next)  # mid-prefill: its next chunk first
-    if first.pending <= free_kv:  # it fits: no idle stream needs looking at
+    # What SGLang's admission of the head asks: its extend and output budget, a page, the
+    # strict test, and the evictable part of its prefix (locked while it is admitted).
+    need = first.pending + snap.admit_extra + snap.waiting[waiting.index(first)].prefix_free
+    forced = need <= free_kv and snap.stalled >= STALL_STEPS
+    if forced:
+        need = free_kv + 1  # the count was wrong somewhere: free one victim's KV
+    elif need <= free_kv:  # it fits: no idle stream needs looking at
         at_stake = any(map(_RECLAIMABLE, waiting)) or any(
             s.allocated and not s.inflight and s.sid in streams for s in snap.slots.values()
         )
@@ -280,7 +290,7 @@ def decide(
     if not reclaimable:
         return done
     cap = free_kv + reclaimable - first.reclaimable_kv  # all the KV the head could have
-    shortfall = min(first.pending, cap) - free_kv  # <= 0 also when cap <= 0: no victim helps
+    shortfall = min(need, cap) - free_kv  # <= 0 also when cap <= 0: no victim helps
     if shortfall <= 0:
         return done._replace(planned=True)
     victims = _victims(policy, [v for v in waiting if v is not first] + idle, shortfall)
@@ -294,7 +304,16 @@ def decide(
         if mode == "swap":
             host_free -= view.reclaimable_kv
         preempt.append(Preempt(sid, mode, view.reclaimable_kv))
-    return Actions(drop, tuple(swap_in), tuple(preempt), shortfall, planned=True)
+    return Actions(drop, tuple(swap_in), tuple(preempt), shortfall, True, forced and bool(preempt))
+
+
+def _with_copy(w: WaitingReq, size: int) -> WaitingReq:
+    """Waiting request `w` once a host copy of `size` tokens of its stream is back in the
+    prefix cache: its match covers the copy, which is evictable (its locked part, a prefix of
+    the match, stays as it was)."""
+    if size <= w.prefix_hit:
+        return w
+    return w._replace(prefix_hit=size, prefix_free=size - (w.prefix_hit - w.prefix_free))
 
 
 def _victims(policy: Policy, others: list[ReqView], shortfall: int) -> list[ReqView]:

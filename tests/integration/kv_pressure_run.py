@@ -84,6 +84,59 @@ def run(policy: str, preemption: str) -> dict:
     }
 
 
+def run_locked_prefix(policy: str) -> dict:
+    """A plain request whose prefix is evictable cache, waiting while a stream prefills
+    beside it (issue 12's memory-pressure stall, 2026-12-03). Its admission locks that prefix,
+    so the free KV it finds is what the allocator has: less than it needs once the stream
+    holds its context and goes idle. The stream must give its KV up for it; if the plan counts
+    the locked prefix as free, nothing is preempted, SGLang admits nothing, and nothing else
+    would ever free the KV (the stall fallback would, after `STALL_STEPS` steps: counted)."""
+    from s2l_sglang.stream.engine import StreamEngine
+
+    os.environ["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"
+    eng = StreamEngine(
+        stream_policy=policy,
+        preemption="recompute",
+        idle_timeout=None,
+        log_level="error",
+        max_total_tokens=POOL_TOKENS,
+        context_length=512,
+        chunked_prefill_size=16,  # the stream prefills for many steps while the request waits
+    )
+    cached = context(0) + QUESTION
+    eng.generate(prompt=cached, sampling_params=GREEDY)  # its KV stays as evictable cache
+    before = eng.sched_counters()
+    # one stream of ~330 tokens: the pool then has fewer free tokens than the request's extend
+    eng.open_stream("a", GREEDY, context(1) + context(2)[:150])
+    prompt = cached + context(3)[:330]  # ~135 tokens past the cached prefix
+    out: dict = {}
+    thread = threading.Thread(
+        target=lambda: out.update(eng.generate(prompt=prompt, sampling_params=GREEDY))
+    )
+    thread.start()
+    thread.join(timeout=240)
+    counters = eng.sched_counters()
+    stream = eng.status("a")["context_tokens"]
+    ref = None
+    if "output_ids" in out:
+        eng.abort("a")
+        ref = eng.generate(prompt=prompt, sampling_params=GREEDY)["output_ids"]
+    tok = eng.tokenizer
+    return {
+        "pool": POOL_TOKENS,
+        "cached": len(tok.encode(cached)),
+        "stream": stream,
+        "prompt": len(tok.encode(prompt)),
+        "free_before": [before["kv_available"], before["kv_evictable"]],
+        "output": out.get("output_ids"),
+        "ref": ref,
+        "counters": counters,
+    }
+
+
 if __name__ == "__main__":
-    print(json.dumps(run(sys.argv[1], sys.argv[2])), flush=True)
+    if sys.argv[1] == "locked-prefix":
+        print(json.dumps(run_locked_prefix(sys.argv[2])), flush=True)
+    else:
+        print(json.dumps(run(sys.argv[1], sys.argv[2])), flush=True)
     os._exit(0)  # the engine's processes go with this one

@@ -20,17 +20,22 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = [("default", "recompute"), ("fcfs", "swap"), ("lcas", "auto"), ("mcps", "swap")]
 
 
-@pytest.mark.parametrize("policy, preemption", CASES, ids=[f"{p}-{m}" for p, m in CASES])
-def test_more_streams_than_kv_all_complete_with_identical_output(policy, preemption):
+def _run_scenario(*args: str) -> dict:
+    """`kv_pressure_run.py ARGS` in its own process; its JSON result."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.integration.kv_pressure_run", policy, preemption],
+        [sys.executable, "-m", "tests.integration.kv_pressure_run", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("policy, preemption", CASES, ids=[f"{p}-{m}" for p, m in CASES])
+def test_more_streams_than_kv_all_complete_with_identical_output(policy, preemption):
+    result = _run_scenario(policy, preemption)
     assert sum(result["sizes"]) > result["pool"]  # the streams cannot all hold their KV at once
     assert sorted(result["outputs"]) == sorted(result["refs"]), "a stream did not complete"
     for i, ref in result["refs"].items():
@@ -59,3 +64,22 @@ def test_more_streams_than_kv_all_complete_with_identical_output(policy, preempt
     assert counters["host_kv_used"] == 0 and counters["host_copies"] == 0, counters
     # a copy never swapped back in counts as a recompute preemption, not a swap one
     assert counters["preemptions_swap"] >= 0 and counters["tokens_swapped_out"] >= 0
+
+
+def test_a_request_whose_prefix_is_evictable_cache_gets_an_idle_streams_kv():
+    """The memory-pressure stall of 2026-12-03: a request's prefix hit is evictable cache that
+    its admission locks, so it needs more free KV than the pool has once a stream holds its
+    context and idles. The plan must see that and preempt the stream; counting the locked
+    prefix as free, it preempted nothing and SGLang admitted nothing (checked: with that count,
+    this run needed the stall fallback: stalled_steps_max 16, stall_preemptions 1)."""
+    result = _run_scenario("locked-prefix", "default")
+    # the scenario: the stream and the request's extend do not fit beside the cached prefix,
+    # but the pool's free and evictable KV together would hold them
+    extend = result["prompt"] - result["cached"]
+    assert result["stream"] + extend > sum(result["free_before"]) - result["cached"]
+    assert result["output"] is not None, "the request was never admitted"
+    assert result["output"] == result["ref"]
+    counters = result["counters"]
+    assert counters["preemptions_recompute"] == 1, counters  # the idle stream made room
+    assert counters["stall_preemptions"] == 0 and counters["stalled_steps_max"] == 0, counters
+    assert counters["hook_errors"] == 0, counters

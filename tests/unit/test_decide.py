@@ -14,6 +14,7 @@ import pytest
 from s2l_sglang.rid import final_rid, is_volatile, stream_of, turn_rid, volatile_rid
 from s2l_sglang.sched.decide import (
     NOTHING,
+    STALL_STEPS,
     Actions,
     HostCopy,
     Preempt,
@@ -263,19 +264,27 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
         available = max(0, available - copy.size)
     if swap_in:
         back = {sid: copies[sid].size for sid in swap_in}
-        hits = tuple(
-            w._replace(prefix_hit=max(w.prefix_hit, back.get(stream_of(w.rid) or "", 0)))
-            for w in s.waiting
-        )
-        s = s._replace(waiting=hits)
+        hits = []
+        for w in s.waiting:
+            size = back.get(stream_of(w.rid) or "", 0)
+            if size > w.prefix_hit:  # the copy is evictable cache; the locked part stays
+                w = w._replace(prefix_hit=size, prefix_free=size - w.prefix_hit + w.prefix_free)
+            hits.append(w)
+        s = s._replace(waiting=tuple(hits))
     done = Actions(drop, tuple(swap_in)) if drop or swap_in else NOTHING
     all_views = views(s, streams)
     if preemption is None or not any(v.reclaimable_kv for v in all_views):
         return done
     first = next(v for v in all_views if v.rid == first.rid)
+    free_kv = max(0, s.free_kv - s.chunked_next)
+    # the head asks what SGLang's admission asks: its extend and output, the extra, and the
+    # evictable part of its prefix; after a stall, one token more than it finds free
+    [w] = [w for w in s.waiting if w.rid == first.rid]
+    need = first.pending + s.admit_extra + w.prefix_free
+    forced = need <= free_kv and s.stalled >= STALL_STEPS
+    first = first._replace(pending=free_kv + 1 if forced else need)
     # the head first, as SGLang's admission takes it; then the others in the policy's order
     ranked = [first] + [v for v in policy.order(all_views) if v.rid != first.rid]
-    free_kv = max(0, s.free_kv - s.chunked_next)
     if free_kv + sum(v.reclaimable_kv for v in ranked[1:]) <= 0:  # no victim can make room
         return done._replace(planned=True)
     step = plan(ranked, get_policy("default"), first.pending, free_kv)
@@ -291,7 +300,7 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
         mode = preemption.decide(v.reclaimable_kv, host_free)
         host_free -= v.reclaimable_kv if mode == "swap" else 0
         preempt.append(Preempt(sid, mode, v.reclaimable_kv))
-    return Actions(drop, tuple(swap_in), tuple(preempt), step.kv_shortfall, planned=True)
+    return Actions(drop, tuple(swap_in), tuple(preempt), step.kv_shortfall, True, forced and bool(preempt))  # fmt: skip
 
 
 def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo]]:
@@ -306,7 +315,13 @@ def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo
         if kind < 0.2:
             waiting_.append(
                 WaitingReq(
-                    f"p{i}", rng.randint(1, 900), rng.randint(0, 300), rng.randint(0, 64), at, False
+                    f"p{i}",
+                    rng.randint(1, 900),
+                    hit := rng.randint(0, 300),
+                    rng.randint(0, 64),
+                    at,
+                    False,
+                    rng.randint(0, hit),
                 )  # fmt: skip
             )
             continue
@@ -322,10 +337,11 @@ def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo
                 WaitingReq(
                     rid,
                     held + rng.randint(1, 700),
-                    rng.randint(0, 200),
+                    hit := rng.randint(0, 200),
                     rng.randint(0, 32),
                     at,
-                    rng.random() < 0.4 and sid in slots,
+                    borrowed := rng.random() < 0.4 and sid in slots,
+                    0 if borrowed else rng.randint(0, hit),
                 )  # fmt: skip
             )
         if sid not in slots and rng.random() < 0.5:
@@ -333,7 +349,8 @@ def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo
     rng.shuffle(waiting_)
     free = rng.randint(0, 1_500)
     s = Snapshot(100.0, tuple(waiting_), slots, free, rng.randint(0, free), rng.choice([0, 0, 200]),
-                 tuple(host), rng.randint(0, 1_000))  # fmt: skip
+                 tuple(host), rng.randint(0, 1_000), rng.choice([0, 2, 17]),
+                 rng.choice([0, 0, 0, STALL_STEPS - 1, STALL_STEPS]))  # fmt: skip
     return s, streams
 
 
@@ -364,3 +381,61 @@ def test_nothing_is_preempted_when_no_victim_can_make_room_for_the_head():
     )
     actions = decide(s, STREAMS, get_policy("fcfs"), get_preemption("recompute"))
     assert actions.planned and actions.preempt == ()
+
+
+def test_the_evictable_part_of_the_heads_prefix_is_not_free_for_it():
+    """The memory-pressure stall of 2026-12-03 (ANN, default policy), as its scheduler state
+    was dumped: the head's 1,030-token prefix hit is evictable cache that its admission locks,
+    so the 12 free tokens are all it gets. Counting the 1,000 evictable as free, the plan saw
+    room, preempted nothing, and SGLang admitted nothing for 60 s beside an idle stream."""
+    head = waiting(final_rid("a"), 1059, hit=1030, max_new=1)._replace(prefix_free=1000)
+    s = snap(head, slots=[idle("b", 1030)], free_kv=1012, available=12)._replace(admit_extra=2)
+    actions = decide(s, STREAMS, get_policy("default"), get_preemption("recompute"))
+    assert actions.preempt == (Preempt("b", "recompute", 1030),)
+    assert not actions.forced
+    # the same head with its prefix locked by someone else fits, and nothing is preempted
+    locked = s._replace(waiting=(head._replace(prefix_free=0),))
+    assert decide(locked, STREAMS, get_policy("default"), get_preemption("recompute")).preempt == ()
+
+
+def test_the_head_needs_more_than_its_tokens_by_the_admission_extra():
+    """SGLang admits a request only when its extend, output and a page are below the free KV
+    (strictly): a head whose tokens equal the free KV does not fit."""
+    s = snap(waiting(final_rid("a"), 100, max_new=0), slots=[idle("b", 50)], free_kv=100)
+    pol, pre = get_policy("fcfs"), get_preemption("recompute")
+    assert decide(s, STREAMS, pol, pre).preempt == ()  # no extra: it fits
+    assert decide(s._replace(admit_extra=2), STREAMS, pol, pre).preempt == (
+        Preempt("b", "recompute", 50),
+    )
+
+
+def test_a_stall_frees_one_victim_though_the_head_fits_by_the_count():
+    """Nothing admitted for STALL_STEPS steps while nothing ran: whatever the count says, the
+    KV is not there for the head, so the lowest-priority idle stream gives its KV up (one per
+    stall); a step short of the stall, nothing is preempted."""
+    s = snap(
+        waiting(final_rid("a"), 100, max_new=0),
+        slots=[idle("b", 50), idle("c", 70)],
+        free_kv=5_000,
+    )
+    pol, pre = get_policy("fcfs"), get_preemption("recompute")
+    assert decide(s._replace(stalled=STALL_STEPS - 1), STREAMS, pol, pre).preempt == ()
+    forced = decide(s._replace(stalled=STALL_STEPS), STREAMS, pol, pre)
+    # idle streams in reverse policy order: c complete, b partial -> b is the lowest priority
+    assert forced.preempt == (Preempt("b", "recompute", 50),) and forced.forced
+
+
+def test_a_swapped_in_copy_is_evictable_prefix_that_the_head_locks():
+    """The head's host copy comes back into the prefix cache (evictable): its admission locks
+    it, so it is not free for the head, and an idle stream is preempted to make room."""
+    s = snap(
+        waiting(turn_rid("a", 2), 600, max_new=0),
+        slots=[idle("b", 300)],
+        host=[HostCopy("a", 500, True)],
+        free_kv=520,
+        available=520,
+    )
+    actions = decide(s, STREAMS, get_policy("fcfs"), get_preemption("recompute"))
+    assert actions.swap_in == ("a",)
+    # it asks 100 + 500 (the copy, locked) > 520 free: b is preempted
+    assert actions.preempt == (Preempt("b", "recompute", 300),)
