@@ -82,8 +82,9 @@ def slots(scheduler: Any) -> dict[str, SlotView]:
 def waiting(scheduler: Any, at: float, evictable: int = 0) -> tuple[WaitingReq, ...]:
     """The waiting queue. A request's `prefix_free` is its prefix hit, at most `evictable`
     (the prefix cache's evictable tokens): an upper bound of what its admission's lock takes
-    out of the free KV (exact when no other request holds its prefix; a turn on its
-    session's row locks nothing new)."""
+    out of the free KV (exact when no other request holds its prefix). A turn of a stream
+    whose session slot holds KV gets 0: its prefix is that slot, which the session already
+    locks (SGLang's virtual node)."""
     clip = _clip_max_new()
     slot_of = scheduler.tree_cache.session.slots
     out = []
@@ -100,7 +101,7 @@ def waiting(scheduler: Any, at: float, evictable: int = 0) -> tuple[WaitingReq, 
                 max_new=min(req.sampling_params.max_new_tokens or 0, clip),
                 entered=entered(req, at),
                 borrowed=borrowed,
-                prefix_free=0 if borrowed else min(hit, evictable),
+                prefix_free=0 if slot is not None and slot.kv.holds_kv else min(hit, evictable),
             )
         )
     return tuple(out)
