@@ -18,6 +18,9 @@ from bench.harness.schedule import drift
 from bench.harness.stats import speedup_ci
 
 BASELINE = "wait"
+#: SGLang's own ways to use a context before it is final; each stream mode is also compared
+#: with them (`vs_peers`)
+PEERS = ("sessions", "warming")
 
 
 def ttft_of(q: Mapping) -> float:
@@ -75,7 +78,9 @@ def comparisons(
     """One entry per (workload, rate, mode): TTFT percentiles pooled over its repeats, the
     speedup over `wait` per percentile with a 95% interval, TTFT / bound (faults left out),
     completion ratio (mean over repeats), token counts per replay, bound faults, drift-flagged
-    replays and the server utilization (rate x mean prompt tokens / `local_tok_s`)."""
+    replays and the server utilization (rate x mean prompt tokens / `local_tok_s`). A stream
+    mode's entry also has `vs_peers`: its speedup over each of `PEERS` that ran beside it, per
+    percentile with a 95% interval (the peer's TTFT / the stream mode's)."""
     groups: dict[tuple[str, float, str], list[dict]] = {}
     prompt: dict[str, list[int]] = {}
     for run in runs:
@@ -123,6 +128,13 @@ def comparisons(
             ]
             ratios = [x for x in ratios if x is not None and math.isfinite(x)]
             entry["completion_ratio"] = float(np.mean(ratios)) if ratios else None
+        peers = [p for p in PEERS if (workload, rate, p) in groups]
+        if mode.startswith("stream") and peers:
+            entry["vs_peers"] = {
+                p: {k: speedup_ci(_by_query(groups[(workload, rate, p)]), ttfts, k, seed)
+                    for k in KEYS}
+                for p in peers
+            }  # fmt: skip
         out.append(entry)
     return out
 

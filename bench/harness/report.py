@@ -161,6 +161,19 @@ def comparison_rows(entries: list[dict]) -> list[list[str]]:
     return rows
 
 
+def peer_rows(entries: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of the stream modes' speedups over SGLang's peers (`vs_peers`)."""
+    peers = list(dict.fromkeys(p for c in entries for p in c.get("vs_peers") or {}))
+    header = ["mode"] + [f"over `{p}` {k}" for p in peers for k in KEYS]
+    rows = [
+        [f"`{c['mode']}`"]
+        + [fmt_speedup((c["vs_peers"].get(p) or {}).get(k)) for p in peers for k in KEYS]
+        for c in entries
+        if c.get("vs_peers")
+    ]
+    return header, rows
+
+
 REPLAY_HEADER = [
     "#", "workload", "QPS", "mode", "repeat", "policy", "probe s", "probe vs median",
     "bound samples", "replay s", "ok", "TTFT p50 s", "bound faults",
@@ -307,6 +320,11 @@ def markdown(result: dict, figures: bool = True) -> str:
         extra = f", utilization {util:.2f}" if util is not None else ""
         lines += [f"## {workload} ({group[0]['trace_mode']} mode), {rate:.3g} QPS{extra}", ""]
         lines += _table(COMPARISON_HEADER, comparison_rows(group))
+        header, rows = peer_rows(group)
+        if rows:
+            lines += ["", "Streams against SGLang's own peers (the peer's TTFT percentile / the "
+                      "stream mode's, same bootstrap; >1: the stream is faster):", ""]  # fmt: skip
+            lines += _table(header, rows)
         errors = sorted(
             {(r["mode"], e) for r in result["runs"]
              if (r["workload"], r["rate"]) == (workload, rate) for e in r["summary"]["errors"]}

@@ -139,6 +139,20 @@ def test_comparisons_pool_repeats_and_carry_intervals(result):
     assert by[("ann", 1.0, "sessions")]["drift_flagged"] == 1
 
 
+def test_stream_modes_are_compared_with_sglangs_peers_that_ran_beside_them(result):
+    by = {(c["workload"], c["rate"], c["mode"]): c for c in result["comparisons"]}
+    peers = by[("crawler", 1.0, "stream-fcfs")]["vs_peers"]
+    assert list(peers) == ["sessions"]  # no warming replay in this result
+    assert peers["sessions"]["p50"]["value"] == pytest.approx(1.0)  # same TTFTs
+    assert peers["sessions"]["p95"]["value"] == math.inf  # sessions' p95 is a failed query
+    assert peers["sessions"]["p99"]["insufficient"] == "n<100"
+    assert "vs_peers" not in by[("crawler", 1.0, "wait")]
+    assert "vs_peers" not in by[("crawler", 1.0, "sessions")]
+    md = markdown(result, figures=False).split("## crawler (append mode), 1 QPS")[1]
+    assert "| mode | over `sessions` p50 | over `sessions` p95 | over `sessions` p99 |" in md
+    assert "| `stream-fcfs` | 1.00x [1.00, 1.00] | inf | n<100 |" in md
+
+
 def test_write_all_writes_json_markdown_and_pngs(tmp_path, result):
     paths = write_all(result, tmp_path)
     assert {p.name for p in paths} == {
