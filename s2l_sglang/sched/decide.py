@@ -159,12 +159,13 @@ def _idle_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqVi
     """One `ReqView` per idle stream: a slot holding KV with no turn in flight (see `views`)."""
     streams_get = streams.get
     out: list[ReqView] = []
-    for sid, slot in snap.slots.items():
-        info = streams_get(sid)
-        if info is None or slot.inflight:
+    for slot in snap.slots.values():
+        if slot[3]:  # a turn in flight
             continue
-        fields = (sid, True, info.complete, info.opened, info.last_chunk, slot.committed)
-        out.append(_new(ReqView, fields + (0, "idle", False, slot.allocated)))
+        info = streams_get(slot[0])
+        if info is not None:
+            fields = (slot[0], True, info[2], info[0], info[1], slot[1], 0, "idle", False, slot[2])
+            out.append(_new(ReqView, fields))
     return out
 
 
@@ -240,15 +241,24 @@ def decide(
     snapshots). When even that cannot make room for the head, nothing is preempted: it waits
     for KV that running requests release. After `STALL_STEPS` steps that admitted nothing
     while nothing ran, a head that fits by this count is taken to lack one token (`forced`),
-    so one victim's KV is freed per stall. Only the waiting requests are ordered each step;
-    the holders only when the head lacks KV. It relies on a policy ordering any subset as it
-    orders the whole, as the sort-based built-in ones do."""
+    so one victim's KV is freed per stall.
+
+    Cost: for a policy that says how it ranks (`Policy.rank`, every built-in one) the head is
+    found in one pass over the queue (`_head_index`), without a view per request or a sort;
+    other policies order the waiting requests' views. The holders are looked at only when the
+    head lacks KV, and then only the idle streams when their KV covers the shortfall (they are
+    the first victims). It relies on a policy ordering any subset as it orders the whole, as
+    the sort-based built-in ones do."""
     drop = tuple(c.sid for c in snap.host if not c.session_open or c.sid in snap.slots)
     if not snap.waiting:
         return Actions(drop_copies=drop) if drop else NOTHING
     copies = {c.sid: c for c in snap.host if c.sid not in drop}
-    waiting = _waiting_views(snap, streams)
-    first = _head(policy, waiting)
+    waiting: list[ReqView] | None = None  # every waiting request's view, built only if needed
+    hi = _head_index(snap, streams, policy.rank) if policy.rank else None
+    if hi is None:
+        waiting = _waiting_views(snap, streams)
+        hi = waiting.index(_head(policy, waiting))
+    first = _view_at(snap, streams, hi)
 
     swap_in: list[str] = []
     if copies:
@@ -268,32 +278,38 @@ def decide(
             back = {s: copies[s].size for s in swap_in}
             hits = tuple(_with_copy(w, back.get(stream_of(w.rid) or "", 0)) for w in snap.waiting)
             snap = snap._replace(waiting=hits)
-            waiting = _waiting_views(snap, streams)
-            first = next(v for v in waiting if v.rid == first.rid)
+            waiting = None
+            first = _view_at(snap, streams, hi)
     done = Actions(drop, tuple(swap_in)) if drop or swap_in else NOTHING
     if preemption is None:
         return done
     free_kv = max(0, snap.free_kv - snap.chunked_next)  # mid-prefill: its next chunk first
     # What SGLang's admission of the head asks: its extend and output budget, a page, the
     # strict test, and the evictable part of its prefix (locked while it is admitted).
-    need = first.pending + snap.admit_extra + snap.waiting[waiting.index(first)].prefix_free
+    need = first.pending + snap.admit_extra + snap.waiting[hi].prefix_free
     forced = need <= free_kv and snap.stalled >= STALL_STEPS
     if forced:
         need = free_kv + 1  # the count was wrong somewhere: free one victim's KV
     elif need <= free_kv:  # it fits: no idle stream needs looking at
-        at_stake = any(map(_RECLAIMABLE, waiting)) or any(
-            s.allocated and not s.inflight and s.sid in streams for s in snap.slots.values()
-        )
-        return done._replace(planned=True) if at_stake else done
+        return done._replace(planned=True) if _at_stake(snap, streams) else done
     idle = _idle_views(snap, streams)
-    reclaimable = sum(map(_RECLAIMABLE, waiting)) + sum(map(_RECLAIMABLE, idle))
-    if not reclaimable:
-        return done
-    cap = free_kv + reclaimable - first.reclaimable_kv  # all the KV the head could have
-    shortfall = min(need, cap) - free_kv  # <= 0 also when cap <= 0: no victim helps
-    if shortfall <= 0:
-        return done._replace(planned=True)
-    victims = _victims(policy, [v for v in waiting if v is not first] + idle, shortfall)
+    idle_kv = sum(map(_RECLAIMABLE, idle))
+    if free_kv + idle_kv >= need:
+        # Idle streams alone make room, and they are the first victims (`_victims`): the
+        # waiting requests' views are not needed.
+        shortfall, others = need - free_kv, idle
+    else:
+        if waiting is None:
+            waiting = _waiting_views(snap, streams)
+        reclaimable = sum(map(_RECLAIMABLE, waiting)) + idle_kv
+        if not reclaimable:
+            return done
+        cap = free_kv + reclaimable - first.reclaimable_kv  # all the KV the head could have
+        shortfall = min(need, cap) - free_kv  # <= 0 also when cap <= 0: no victim helps
+        if shortfall <= 0:
+            return done._replace(planned=True)
+        others = waiting[:hi] + waiting[hi + 1 :] + idle
+    victims = _victims(policy, others, shortfall)
     preempt: list[Preempt] = []
     host_free = snap.host_free + sum(copies[s].size for s in swap_in)
     for view in victims:
@@ -305,6 +321,71 @@ def decide(
             host_free -= view.reclaimable_kv
         preempt.append(Preempt(sid, mode, view.reclaimable_kv))
     return Actions(drop, tuple(swap_in), tuple(preempt), shortfall, True, forced and bool(preempt))
+
+
+def _view_at(snap: Snapshot, streams: Mapping[str, StreamInfo], i: int) -> ReqView:
+    """The view of waiting request `i` (as `_waiting_views` builds it)."""
+    return _waiting_views(snap._replace(waiting=(snap.waiting[i],)), streams)[0]
+
+
+def _head_index(snap: Snapshot, streams: Mapping[str, StreamInfo], rank: str) -> int | None:
+    """`_head`'s choice as an index in `snap.waiting`, found in one pass without views or a
+    sort, for a policy that ranks each class of work by `rank` (`Policy.rank`): the best
+    committed request (a plain one, or a turn of a stream whose context is final), else the
+    best speculative one, volatile tails left out; None if only volatile tails wait.
+    tests/unit/test_decide.py checks it against `_head` on random snapshots."""
+    streams_get = streams.get
+    slots_get = snap.slots.get
+    given, by_last, by_held = rank == "given", rank == "last_chunk", rank == "held"
+    # per class (committed, speculative): (primary key, (arrival, rid), index); the tie-break
+    # tuple is built only when the primary key does not decide
+    best: list[tuple | None] = [None, None]
+    for i, w in enumerate(snap.waiting):
+        rid = w[0]
+        sid, mark, tail = rid.rpartition(MARK)  # stream_of and is_volatile, inline
+        if mark:
+            if tail[:1] == "v":
+                continue
+            info = streams_get(sid)
+        else:
+            info = None
+        if info is None:
+            cls, arrival, last = 0, w[4], w[4]
+        else:
+            cls, arrival, last = (0 if info[2] else 1), info[0], info[1]
+        b = best[cls]
+        if given:
+            if b is None:
+                best[cls] = (0, (), i)
+                if not cls:
+                    break  # the first committed request
+            continue
+        if by_last:
+            key = last
+        elif by_held:  # most first
+            slot = slots_get(sid) if mark else None
+            key = -slot[1] if slot is not None else 0
+        else:
+            key = arrival
+        if b is None or key < b[0] or (key == b[0] and (arrival, rid) < b[1]):
+            best[cls] = (key, (arrival, rid), i)
+    pick = best[0] or best[1]
+    return None if pick is None else pick[2]
+
+
+def _at_stake(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> bool:
+    """Some KV could be reclaimed by preemption: an idle stream's, or that of a waiting turn
+    that has not borrowed its slot (what `planned` reports)."""
+    if any(s.allocated and not s.inflight and s.sid in streams for s in snap.slots.values()):
+        return True
+    slots_get = snap.slots.get
+    for w in snap.waiting:
+        if not w.borrowed:
+            sid, mark, _ = w.rid.rpartition(MARK)
+            slot = slots_get(sid) if mark else None
+            if slot is not None and slot.allocated:
+                return True
+    return False
 
 
 def _with_copy(w: WaitingReq, size: int) -> WaitingReq:

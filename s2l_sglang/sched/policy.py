@@ -36,6 +36,12 @@ class Policy:
     #: True if `order` ranks every request without work (not decoding, nothing pending) after
     #: all requests with work; `plan` then derives the preemption order more cheaply.
     idle_last: ClassVar[bool] = False
+    #: how `order` ranks the requests within each class of work, if it is one of these (it
+    #: lets `sched.decide` find the next admission in one pass, without views or a sort):
+    #: "given" (the input order), "arrival", "last_chunk" (earliest first) or "held" (most
+    #: first), each with ties broken by arrival, then rid ("given" excepted). None: only
+    #: `order` knows.
+    rank: ClassVar[str | None] = None
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
         """All `views`, highest priority first, as a new list (the input is not modified)."""
@@ -107,6 +113,7 @@ class DefaultPolicy(Policy):
     path."""
 
     idle_last = True
+    rank = "given"
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
         return _concat(_split(list(views), by_complete=True))
@@ -118,6 +125,7 @@ class FcfsPolicy(Policy):
     before partial streams. Key: (no work, partial, arrival, rid)."""
 
     idle_last = True
+    rank = "arrival"
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
         return _concat(_split(_by_arrival(views), by_complete=True))
@@ -145,6 +153,7 @@ class LcasPolicy(Policy):
     context has been waiting longer."""
 
     idle_last = True
+    rank = "last_chunk"
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
         ordered = _by_arrival(views)
@@ -160,6 +169,7 @@ class McpsPolicy(Policy):
     contexts). Key: (no work, partial, -held, arrival, rid)."""
 
     idle_last = True
+    rank = "held"
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
         ordered = _by_arrival(views)
