@@ -8,6 +8,8 @@
   utilization (`bench.harness.paper`); 60-95 minutes, the slower the machine's prefill the
   longer (measured 2026-12-01: 95 min at 572 tokens/s, 69 min at 723).
 - `memory-pressure`: a KV pool smaller than what the concurrent streams hold, chunk delays x10.
+- `memory-pressure-tails`: the same pool and delays, ANN only, 100 queries: p99 under memory
+  pressure (about 25 minutes).
 - `gpu`, `gpu-memory-pressure`: an 8B model on one H100/H200.
 
 CPU presets run bfloat16 (`dtype` in `engine_kwargs`): how a model is served, and about 2x faster
@@ -198,6 +200,27 @@ register_preset(
         budget_s=2400.0,
         notes="1 engine start; 26 interleaved replays (2 repeats) of one to two minutes each "
         "(delays x10).",
+    )
+)
+
+register_preset(
+    Preset(
+        name="memory-pressure-tails",
+        description="tails under memory pressure: embedded model on a CPU, KV pool of 3,072 "
+        "tokens, ANN (update mode) only, 100 queries at 0.5 QPS, contexts cut to 1,000 tokens, "
+        "chunk delays x10 (about 20 streams open at once), policies fcfs, lcas and mcps",
+        workloads=(WorkloadSpec("ann", rates=(0.5,), queries=100),),
+        policies=("fcfs", "lcas", "mcps"),
+        modes=("wait", "stream"),
+        max_context_tokens=1000,
+        delay_scale=10.0,
+        engine_kwargs={**CPU_ENGINE, "max_total_tokens": 3072},
+        drain_timeout_s=180.0,
+        lower_bound=False,
+        budget_s=1800.0,
+        notes="1 engine start; 4 replays of about 5.5 minutes; no lower bound (it would add 7 "
+        "minutes). ANN only, as in cpu-full: warming resends every refined context and "
+        "saturates the engine.",
     )
 )
 

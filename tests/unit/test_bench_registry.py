@@ -82,12 +82,18 @@ def test_estimate_grows_with_queries_and_repeats():
     assert estimate(get_preset("gpu")) is None
 
 
-def test_memory_pressure_pool_is_smaller_than_what_the_streams_hold():
-    p = get_preset("memory-pressure")
-    assert p.delay_scale >= 10 and set(p.policies) == set(policy_names())
+@pytest.mark.parametrize("name", ["memory-pressure", "memory-pressure-tails"])
+def test_memory_pressure_pool_is_smaller_than_what_the_streams_hold(name):
+    p = get_preset(name)
+    assert p.delay_scale >= 10 and {"fcfs", "lcas", "mcps"} <= set(p.policies)
     queries = min(w.queries for w in p.workloads)
     assert p.engine_kwargs["max_total_tokens"] < queries * p.max_context_tokens
     assert p.engine_kwargs["max_total_tokens"] > 2 * p.max_context_tokens  # a request still fits
+
+
+def test_the_tails_preset_has_enough_queries_for_a_p99():
+    p = get_preset("memory-pressure-tails")
+    assert all(w.queries >= 100 for w in p.workloads) and "wait" in p.modes
 
 
 def test_gpu_preset_uses_an_8b_model_and_the_papers_rates():
