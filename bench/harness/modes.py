@@ -253,3 +253,4 @@ class Stream(Mode):
         rec.invalidated = int(stream.get("invalidated", 0))
         rec.unprefilled_at_finish = stream.get("unprefilled_at_finish")
         rec.extra["engine_ttft_s"] = stream.get("ttft_s")
+        rec.extra["waited_for_turn_s"] = stream.get("waited_for_turn_s")

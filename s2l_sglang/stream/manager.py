@@ -965,8 +965,11 @@ class StreamManager:
         with the sampling parameters, and puts each output in `outputs` (the last one carries
         `meta_info["stream"]`). The session is closed as soon as generation ends."""
         try:
+            waited = 0.0
             if stream.pump is not None:
+                t0 = time.perf_counter()
                 await stream.pump  # the turn in flight; the pump stops after it
+                waited = time.perf_counter() - t0
             if stream.error is not None:
                 raise stream.error
             if not stream.ids:
@@ -996,6 +999,7 @@ class StreamManager:
             last["meta_info"]["stream"] = {
                 "ttft_s": first[0] if first else time.perf_counter() - t_finish,
                 "unprefilled_at_finish": unprefilled,
+                "waited_for_turn_s": waited,
                 "kept_open": keep_open,
                 **stream.counters.as_dict(),
             }

@@ -51,6 +51,7 @@ def test_append_stream_output_equals_non_streaming(engine):
     assert out["meta_info"]["id"] == "append-1"
     assert stream["reused"] > 0 and stream["ttft_s"] > 0
     assert stream["unprefilled_at_finish"] < ref["meta_info"]["prompt_tokens"]
+    assert 0.0 <= stream["waited_for_turn_s"] <= stream["ttft_s"]
 
 
 def test_update_stream_output_equals_non_streaming(engine):
