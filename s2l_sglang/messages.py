@@ -4,8 +4,11 @@
   is no reply: the new policy shows in the scheduler's `s2l_sched` state.
 - `CancelStaleTurnReq`: abort a stream's prefill turn that a newer context made stale, if it
   still waits in the queue without its session's KV (`StreamManager._cancel_if_superseded`);
-  the turn then ends with an abort whose message is `CANCELLED`. A turn already running is
-  left alone: aborting it would drop the session's KV slot.
+  the turn then ends with an abort whose message is `CANCELLED`. A turn already running, or
+  waiting on its session's KV, is left alone: aborting it would drop the session's KV slot.
+  With `finishing` (sent at a finish, `StreamManager._promote_inflight`), such a turn is
+  promoted instead: the scheduler takes the stream's context as final, so the turn ranks as
+  committed work, and the final turn, which waits for it, is not held behind speculative work.
 
 They are msgspec structs of SGLang's request family (`BaseReq`). The plugin adds them to
 SGLang's IPC decoder (`io_struct.hook_custom_types`, in every process) and to the scheduler's
@@ -27,4 +30,5 @@ class SetStreamPolicyReq(BaseReq, kw_only=True):
 
 
 class CancelStaleTurnReq(BaseReq, kw_only=True):
-    pass  # the turn's rid is BaseReq's `rid`
+    # the turn's rid is BaseReq's `rid`
+    finishing: bool = False  # sent because the stream is finishing

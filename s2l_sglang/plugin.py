@@ -85,7 +85,9 @@ def _remember_scheduler(result, self, *args, **kwargs):
 def _cancel_stale_turn(recv_req) -> None:
     """Scheduler handler of `CancelStaleTurnReq`."""
     try:
-        stream_scheduling().cancel_waiting_turn(_scheduler, recv_req.rid)
+        stream_scheduling().cancel_waiting_turn(
+            _scheduler, recv_req.rid, getattr(recv_req, "finishing", False)
+        )
     except Exception:  # never take the scheduler down
         _hook_failed(f"cancelling stale turn {recv_req.rid}")
 

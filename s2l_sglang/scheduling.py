@@ -30,6 +30,7 @@ from s2l_sglang.sched.decide import (
     decide_order,
     may_cancel,
     needs_order,
+    promote,
     record_turn,
 )
 from s2l_sglang.sched.policy import get_policy
@@ -66,6 +67,9 @@ class SchedCounters:
     #: speculative turn waited: they go after it, so at most one chunk (SGLang's chunked one)
     volatile_ahead_max: int = 0
     turns_cancelled: int = 0  # stale speculative turns aborted while they waited
+    #: speculative turns of a finishing stream that could not be cancelled (they waited on
+    #: their session's KV), ranked as committed work from then on (`sched.decide.promote`)
+    turns_promoted: int = 0
     #: streams preempted because SGLang admitted nothing for `STALL_STEPS` steps while nothing
     #: ran though the plan counted room for the head (a KV count that differs from SGLang's)
     stall_preemptions: int = 0
@@ -88,6 +92,8 @@ class StreamScheduling:
     waited: dict[str, list[float]] = field(default_factory=dict)
     #: rid -> volatile-tail tokens admitted ahead, of speculative turns seen waiting
     spec_waited: dict[str, int] = field(default_factory=dict)
+    #: speculative turns promoted to committed work (their stream is finishing)
+    promoted: set[str] = field(default_factory=set)
 
     preemption: Preemption | None = None
     host: HostKVPool | None = None
@@ -152,6 +158,8 @@ class StreamScheduling:
         sid = stream_of(rid)
         if sid is not None:
             self.streams[sid] = record_turn(self.streams, rid, adapter.now())
+            if self.promoted:
+                self.promoted = {r for r in self.promoted if stream_of(r) != sid}
 
     # ---- ordering and acquisition -----------------------------------------------------------
 
@@ -228,15 +236,27 @@ class StreamScheduling:
         else:
             self.stalled = 0
 
-    def cancel_waiting_turn(self, scheduler: Any, rid: str) -> bool:
+    def cancel_waiting_turn(self, scheduler: Any, rid: str, finishing: bool = False) -> bool:
         """Abort stream turn `rid` (with the message `CANCELLED`) if it waits in the queue
         and has not borrowed its session's KV slot (`sched.decide.may_cancel`); True if it
-        was aborted."""
-        if not may_cancel(adapter.snapshot(scheduler), rid):
-            return False
-        adapter.abort_waiting(scheduler, rid, CANCELLED)
-        self.counters.turns_cancelled += 1
-        return True
+        was aborted. Otherwise, if its stream is `finishing` and the turn still waits (on its
+        slot), promote it: the stream's context is taken as final, so the turn ranks as
+        committed work and the final turn, which waits for it, is not held behind
+        speculative work (`sched.decide.promote`)."""
+        snap = adapter.snapshot(scheduler)
+        if may_cancel(snap, rid):
+            adapter.abort_waiting(scheduler, rid, CANCELLED)
+            self.counters.turns_cancelled += 1
+            return True
+        if finishing and is_speculative(rid) and any(w.rid == rid for w in snap.waiting):
+            self.streams[stream_of(rid)] = promote(self.streams, rid, adapter.now())
+            self.promoted.add(rid)
+            self.counters.turns_promoted += 1
+        return False
+
+    def _speculative(self, rid: str) -> bool:
+        """Speculative work for the admission accounting: a prefill turn not promoted."""
+        return is_speculative(rid) and rid not in self.promoted
 
     # ---- admission accounting (the speculative-work bound) ------------------------------------
 
@@ -247,7 +267,7 @@ class StreamScheduling:
         ids = adapter.waiting_ids(scheduler)
         waiting = {}
         for rid, entered in adapter.waiting_entries(scheduler, at):
-            if is_speculative(rid):
+            if self._speculative(rid):
                 if not is_volatile(rid):
                     self.spec_waited.setdefault(rid, 0)
                     waiting[rid] = ids[rid]
@@ -263,12 +283,14 @@ class StreamScheduling:
         admitted = adapter.admitted(batch)
         self.counters.plain_admitted += sum(1 for a in admitted if stream_of(a.rid) is None)
         ids = {a.obj_id for a in admitted}
-        spec = sum(a.extend_len for a in admitted if is_speculative(a.rid))
-        volatile = sum(a.extend_len for a in admitted if is_volatile(a.rid))
+        spec = sum(a.extend_len for a in admitted if self._speculative(a.rid))
+        volatile = sum(
+            a.extend_len for a in admitted if is_volatile(a.rid) and a.rid not in self.promoted
+        )
         committed = [
             (self.waited.get(a.rid, [0.0])[0], a.extend_len)
             for a in admitted
-            if not is_speculative(a.rid)
+            if not self._speculative(a.rid)
         ]
         c = self.counters
         for rid, obj_id in waiting.items():
@@ -292,6 +314,7 @@ class StreamScheduling:
         if len(self.waited) + len(self.spec_waited) > 4 * len(waiting) + 256:  # aborted
             self.waited = {rid: a for rid, a in self.waited.items() if rid in waiting}
             self.spec_waited = {rid: a for rid, a in self.spec_waited.items() if rid in waiting}
+            self.promoted &= set(waiting)
 
     def _count_metric(self, mode: str, tokens: int) -> None:
         if self._metrics is not None:

@@ -126,6 +126,21 @@ def record_turn(streams: Mapping[str, StreamInfo], rid: str, now: float) -> Stre
     return StreamInfo(opened=opened, last_chunk=now, complete=is_final(rid))
 
 
+def promote(streams: Mapping[str, StreamInfo], rid: str, now: float) -> StreamInfo:
+    """The stream's info once its speculative turn `rid`, which cannot be cancelled, is
+    promoted because the stream is finishing: its context is taken as final from `now` (the
+    final turn waits for this one), so the turn ranks as committed work."""
+    info = streams.get(stream_of(rid) or "")
+    opened = info.opened if info is not None else now
+    return StreamInfo(opened=opened, last_chunk=now, complete=True)
+
+
+def _demoted(v: ReqView) -> bool:
+    """A volatile tail (`rid.is_volatile`) that ranks after everything: one of a stream whose
+    context is not final (a promoted one ranks as committed work)."""
+    return is_volatile(v.rid) and not (v.is_stream and v.complete)
+
+
 _new = tuple.__new__  # a ReqView from a field tuple, without NamedTuple's Python-level __new__
 
 
@@ -190,12 +205,12 @@ def needs_order(rids: list[str], keep_sglang_order: bool) -> bool:
 
 
 def _committed_first(order: list[ReqView]) -> list[str]:
-    """The rids of `order` with volatile tails moved after everything else."""
+    """The rids of `order` with volatile tails (`_demoted`) moved after everything else."""
     rids = [v.rid for v in order]
-    volatile = [r for r in rids if is_volatile(r)]
-    if not volatile:
+    if not any(map(is_volatile, rids)):
         return rids
-    return [r for r in rids if not is_volatile(r)] + volatile
+    last = [v.rid for v in order if _demoted(v)]
+    return [v.rid for v in order if not _demoted(v)] + last
 
 
 def decide_order(
@@ -216,7 +231,7 @@ def decide_order(
 def _head(policy: Policy, waiting: list[ReqView]) -> ReqView:
     """The next admission: the first of `decide_order`'s order (volatile tails last)."""
     order = policy.order(waiting)
-    return next((v for v in order if not is_volatile(v.rid)), order[0])
+    return next((v for v in order if not _demoted(v)), order[0])
 
 
 def decide(
@@ -332,7 +347,7 @@ def _head_index(snap: Snapshot, streams: Mapping[str, StreamInfo], rank: str) ->
     """`_head`'s choice as an index in `snap.waiting`, found in one pass without views or a
     sort, for a policy that ranks each class of work by `rank` (`Policy.rank`): the best
     committed request (a plain one, or a turn of a stream whose context is final), else the
-    best speculative one, volatile tails left out; None if only volatile tails wait.
+    best speculative one, volatile tails (`_demoted`) left out; None if only they wait.
     tests/unit/test_decide.py checks it against `_head` on random snapshots."""
     streams_get = streams.get
     slots_get = snap.slots.get
@@ -344,9 +359,9 @@ def _head_index(snap: Snapshot, streams: Mapping[str, StreamInfo], rank: str) ->
         rid = w[0]
         sid, mark, tail = rid.rpartition(MARK)  # stream_of and is_volatile, inline
         if mark:
-            if tail[:1] == "v":
-                continue
             info = streams_get(sid)
+            if tail[:1] == "v" and (info is None or not info[2]):
+                continue  # a volatile tail (`_demoted`)
         else:
             info = None
         if info is None:

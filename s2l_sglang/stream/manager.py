@@ -715,7 +715,9 @@ class StreamManager:
             if states is None or rid in states:
                 await asyncio.sleep(0)  # let the registering task send the turn first
                 if stream.inflight_rid == rid:
-                    self.tm._dispatch_to_scheduler(CancelStaleTurnReq(rid=rid))
+                    self.tm._dispatch_to_scheduler(
+                        CancelStaleTurnReq(rid=rid, finishing=stream.cancel_for_final)
+                    )
                 return
             await asyncio.sleep(0.001)
 

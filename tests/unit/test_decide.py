@@ -28,6 +28,7 @@ from s2l_sglang.sched.decide import (
     decide,
     decide_order,
     may_cancel,
+    promote,
     record_turn,
     views,
 )
@@ -108,6 +109,31 @@ def test_order_puts_committed_work_first_and_volatile_tails_last_under_every_pol
         assert order is not None
         assert set(order[:2]) == {"plain-1", final_rid("c")}, name
         assert order[2:] == (turn_rid("b", 1), volatile_rid("a", 3)), name
+
+
+def test_a_promoted_turn_ranks_as_committed_work_under_every_policy():
+    """A finishing stream's turn that could not be cancelled (it waits on its session's KV)
+    is promoted: the final turn waits for it, so it must not wait behind speculative work.
+    Stream a's stable turn and b's volatile tail are promoted; c's turn stays speculative."""
+    streams = {**STREAMS, "c": StreamInfo(opened=0.5, last_chunk=0.6)}
+    s = snap(
+        waiting(turn_rid("c", 2), entered=0.3),
+        waiting(turn_rid("a", 2), entered=0.1, borrowed=True),
+        waiting(volatile_rid("b", 3), entered=0.2, borrowed=True),
+        waiting("plain-1", entered=9.0),
+    )
+    for name in ("fcfs", "lcas", "mcps", "default"):
+        before = decide_order(s, streams, get_policy(name), name == "default")
+        assert before[0] == "plain-1" and before[-1] == volatile_rid("b", 3), name
+        promoted = dict(streams)
+        for rid in (turn_rid("a", 2), volatile_rid("b", 3)):
+            promoted[stream_of(rid)] = promote(promoted, rid, 50.0)
+        order = decide_order(s, promoted, get_policy(name), name == "default")
+        assert set(order[:3]) == {turn_rid("a", 2), volatile_rid("b", 3), "plain-1"}, name
+        assert order[3] == turn_rid("c", 2), name
+        head = _head_index(s, promoted, get_policy(name).rank)
+        assert s.waiting[head].rid in order[:3] and s.waiting[head].rid == order[0], name
+    assert promote(STREAMS, turn_rid("a", 2), 50.0) == StreamInfo(1.0, 50.0, True)
 
 
 def test_default_keeps_sglangs_order_while_nothing_speculative_waits():
@@ -255,7 +281,7 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
     if not s.waiting:
         return Actions(drop_copies=drop) if drop else NOTHING
     order = [v for v in policy.order(views(s, streams)) if v.state == "waiting"]
-    first = next((v for v in order if not is_volatile(v.rid)), order[0])
+    first = next((v for v in order if not (is_volatile(v.rid) and not (v.is_stream and v.complete))), order[0])  # fmt: skip
     swap_in, available = [], s.available
     for w in s.waiting:
         copy = copies.get(stream_of(w.rid) or "")
@@ -328,7 +354,8 @@ def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo
                 )  # fmt: skip
             )
             continue
-        streams[sid] = StreamInfo(at, at + rng.randint(0, 5), kind > 0.85)
+        # complete: a final turn, or a promoted one (its stream is finishing)
+        streams[sid] = StreamInfo(at, at + rng.randint(0, 5), kind > 0.85 or rng.random() < 0.1)
         inflight = kind < 0.7 or kind > 0.85
         slots[sid] = SlotView(sid, held, held + rng.randint(0, 16), inflight)
         if rng.random() < 0.2:
