@@ -690,19 +690,28 @@ class StreamManager:
         """At the finish: a prefill turn still queued is speculative work, ordered after all
         committed work; the final turn would wait behind it. It is cancelled instead (only
         while it waits without the session's KV: nothing of it was computed), and the final
-        turn, committed work, carries its tokens. One that already runs is awaited: at most
-        one speculative chunk."""
+        turn, committed work, carries its tokens. One that waits on the session's KV cannot
+        be cancelled: the scheduler promotes it to committed work. One that already runs is
+        awaited: at most one speculative chunk. A turn already sent a stale-turn cancel gets
+        the finishing message too (that cancel may have found it on the session's KV)."""
         rid = stream.inflight_rid
-        if rid is not None and not is_final(rid) and stream.cancelled_rid != rid:
+        if rid is None or is_final(rid):
+            return
+        if stream.cancelled_rid != rid:
             self._cancel(stream, rid, for_final=True)
+        elif not stream.cancel_for_final:  # its counters stay those of the stale-turn cancel
+            self._spawn(self._send_cancel(stream, rid, finishing=True))
 
     def _cancel(self, stream: Stream, rid: str, for_final: bool) -> None:
         stream.cancelled_rid, stream.cancel_for_final = rid, for_final
-        task = asyncio.ensure_future(self._send_cancel(stream, rid))
+        self._spawn(self._send_cancel(stream, rid, finishing=for_final))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send_cancel(self, stream: Stream, rid: str) -> None:
+    async def _send_cancel(self, stream: Stream, rid: str, finishing: bool) -> None:
         """Send `CancelStaleTurnReq` once SGLang's tokenizer manager has the turn (it registers
         a request just before sending it; messages go to the scheduler in order). Best effort:
         a cancel that arrives before the turn, or after it started, changes nothing."""
@@ -715,9 +724,7 @@ class StreamManager:
             if states is None or rid in states:
                 await asyncio.sleep(0)  # let the registering task send the turn first
                 if stream.inflight_rid == rid:
-                    self.tm._dispatch_to_scheduler(
-                        CancelStaleTurnReq(rid=rid, finishing=stream.cancel_for_final)
-                    )
+                    self.tm._dispatch_to_scheduler(CancelStaleTurnReq(rid=rid, finishing=finishing))
                 return
             await asyncio.sleep(0.001)
 
