@@ -85,9 +85,7 @@ def _remember_scheduler(result, self, *args, **kwargs):
 def _cancel_stale_turn(recv_req) -> None:
     """Scheduler handler of `CancelStaleTurnReq`."""
     try:
-        stream_scheduling().cancel_waiting_turn(
-            _scheduler, recv_req.rid, getattr(recv_req, "finishing", False)
-        )
+        stream_scheduling().cancel_waiting_turn(_scheduler, recv_req.rid, recv_req.finishing)
     except Exception:  # never take the scheduler down
         _hook_failed(f"cancelling stale turn {recv_req.rid}")
 

@@ -285,7 +285,7 @@ class StreamScheduling:
         ids = {a.obj_id for a in admitted}
         spec = sum(a.extend_len for a in admitted if self._speculative(a.rid))
         volatile = sum(
-            a.extend_len for a in admitted if is_volatile(a.rid) and a.rid not in self.promoted
+            a.extend_len for a in admitted if self._speculative(a.rid) and is_volatile(a.rid)
         )
         committed = [
             (self.waited.get(a.rid, [0.0])[0], a.extend_len)

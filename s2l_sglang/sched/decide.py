@@ -21,7 +21,8 @@ The waiting queue's order is a separate decision (`decide_order`, at SGLang's
 from __future__ import annotations
 
 from collections.abc import Mapping
-from operator import itemgetter
+from itertools import compress
+from operator import itemgetter, not_
 from typing import Literal, NamedTuple
 
 from s2l_sglang.rid import MARK, is_final, is_speculative, is_volatile, stream_of
@@ -130,9 +131,7 @@ def promote(streams: Mapping[str, StreamInfo], rid: str, now: float) -> StreamIn
     """The stream's info once its speculative turn `rid`, which cannot be cancelled, is
     promoted because the stream is finishing: its context is taken as final from `now` (the
     final turn waits for this one), so the turn ranks as committed work."""
-    info = streams.get(stream_of(rid) or "")
-    opened = info.opened if info is not None else now
-    return StreamInfo(opened=opened, last_chunk=now, complete=True)
+    return record_turn(streams, rid, now)._replace(complete=True)
 
 
 def _demoted(v: ReqView) -> bool:
@@ -207,10 +206,10 @@ def needs_order(rids: list[str], keep_sglang_order: bool) -> bool:
 def _committed_first(order: list[ReqView]) -> list[str]:
     """The rids of `order` with volatile tails (`_demoted`) moved after everything else."""
     rids = [v.rid for v in order]
-    if not any(map(is_volatile, rids)):
+    demoted = list(map(_demoted, order))
+    if not any(demoted):
         return rids
-    last = [v.rid for v in order if _demoted(v)]
-    return [v.rid for v in order if not _demoted(v)] + last
+    return list(compress(rids, map(not_, demoted))) + list(compress(rids, demoted))
 
 
 def decide_order(
@@ -272,8 +271,10 @@ def decide(
     hi = _head_index(snap, streams, policy.rank) if policy.rank else None
     if hi is None:
         waiting = _waiting_views(snap, streams)
-        hi = waiting.index(_head(policy, waiting))
-    first = _view_at(snap, streams, hi)
+        first = _head(policy, waiting)
+        hi = waiting.index(first)
+    else:
+        first = _view_at(snap, streams, hi)
 
     swap_in: list[str] = []
     if copies:
