@@ -13,7 +13,10 @@ One scheduling step, before SGLang builds a prefill batch:
    not fit the free KV, its victims (idle streams, and waiting turns that have not borrowed
    their slot) are preempted, lowest priority first, each by the mode the `Preemption` picks
    for its own held tokens. This is `planner.plan`'s decision for a budget of that one
-   admission, computed without ordering and planning every request each step.
+   admission, computed without ordering and planning every request each step. A head that
+   is speculative work (a turn of a context not final yet) only swaps its victims out, and
+   only when swaps cover its shortfall: speculative work never makes another stream
+   recompute what it holds.
 The waiting queue's order is a separate decision (`decide_order`, at SGLang's
 `calc_priority`), and so is the cancellation of a stale speculative turn (`may_cancel`).
 """
@@ -115,6 +118,8 @@ class Actions(NamedTuple):
 #: to fit, whatever the count says: KV that streams hold is then freed rather than waited for
 #: (which nothing would end), lowest priority first, one victim's worth per stall
 STALL_STEPS = 16
+
+_ALL = 1 << 62  # a shortfall no victims cover: `_victims` then returns every holder
 
 
 NOTHING = Actions()
@@ -257,6 +262,13 @@ def decide(
     while nothing ran, a head that fits by this count is taken to lack one token (`forced`),
     so one victim's KV is freed per stall.
 
+    A speculative head (a stream turn whose context is not final) gets only swaps: its
+    victims, in the same order, are those the `Preemption` would swap, up to its shortfall;
+    when they cannot cover it, nothing is preempted and it waits (its stream's finish
+    promotes or replaces it). Preempting idle streams by recompute for speculative work made
+    streams evict one another's KV in turn under memory pressure (memory-pressure-tails at
+    9b8e622: 37-76k tokens recomputed, where waiting prefilled 101,710 in all).
+
     Cost: for a policy that says how it ranks (`Policy.rank`, every built-in one) the head is
     found in one pass over the queue (`_head_index`), without a view per request or a sort;
     other policies order the waiting requests' views. The holders are looked at only when the
@@ -308,9 +320,13 @@ def decide(
         need = free_kv + 1  # the count was wrong somewhere: free one victim's KV
     elif need <= free_kv:  # it fits: no idle stream needs looking at
         return done._replace(planned=True) if _at_stake(snap, streams) else done
+    # Speculative work (a turn of a context not final, not promoted) never throws another
+    # stream's KV away: its victims are swapped, lowest priority first, and only if swaps
+    # cover its shortfall (a stall's forced preemption excepted).
+    speculative = is_speculative(first.rid) and not first.complete and not forced
     idle = _idle_views(snap, streams)
     idle_kv = sum(map(_RECLAIMABLE, idle))
-    if free_kv + idle_kv >= need:
+    if free_kv + idle_kv >= need and not speculative:
         # Idle streams alone make room, and they are the first victims (`_victims`): the
         # waiting requests' views are not needed.
         shortfall, others = need - free_kv, idle
@@ -325,17 +341,25 @@ def decide(
         if shortfall <= 0:
             return done._replace(planned=True)
         others = waiting[:hi] + waiting[hi + 1 :] + idle
-    victims = _victims(policy, others, shortfall)
+    victims = _victims(policy, others, _ALL if speculative else shortfall)
     preempt: list[Preempt] = []
     host_free = snap.host_free + sum(copies[s].size for s in swap_in)
+    freed = 0
     for view in victims:
         sid = view.rid if view.state == "idle" else stream_of(view.rid)
         if not view.reclaimable_kv or sid is None or sid not in snap.slots:
             continue
         mode = preemption.decide(view.reclaimable_kv, host_free)
+        if speculative and mode != "swap":
+            continue
         if mode == "swap":
             host_free -= view.reclaimable_kv
         preempt.append(Preempt(sid, mode, view.reclaimable_kv))
+        freed += view.reclaimable_kv
+        if speculative and freed >= shortfall:
+            break
+    if speculative and freed < shortfall:
+        preempt = []  # it waits for KV that committed work releases (or for its finish)
     return Actions(drop, tuple(swap_in), tuple(preempt), shortfall, True, forced and bool(preempt))
 
 

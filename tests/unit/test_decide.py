@@ -11,7 +11,14 @@ import random
 
 import pytest
 
-from s2l_sglang.rid import final_rid, is_volatile, stream_of, turn_rid, volatile_rid
+from s2l_sglang.rid import (
+    final_rid,
+    is_speculative,
+    is_volatile,
+    stream_of,
+    turn_rid,
+    volatile_rid,
+)
 from s2l_sglang.sched.decide import (
     NOTHING,
     STALL_STEPS,
@@ -226,6 +233,31 @@ def test_swap_while_the_host_pool_has_room_then_recompute():
     ]
 
 
+def test_speculative_work_swaps_victims_out_and_never_makes_them_recompute():
+    """A head whose context is not final takes KV from other streams only by swap, and only
+    when swaps cover its shortfall; a committed head (plain, or a final turn) recomputes
+    victims the host pool cannot take."""
+    fcfs = get_policy("fcfs")
+    spec = waiting(turn_rid("c2", 2), 1_000, max_new=0)
+    streams = {**STREAMS, "c2": StreamInfo(opened=0.5, last_chunk=0.5)}  # ranks first
+    s = snap(spec, slots=[idle("a", 800), idle("b", 700)], free_kv=600, host_free=1_000)
+    # recompute only: nothing for speculative work, while a final turn of the same size
+    # preempts as before
+    assert decide(s, streams, fcfs, get_preemption("recompute")).preempt == ()
+    final = streams | {"c2": streams["c2"]._replace(complete=True)}
+    assert [p.sid for p in decide(s, final, fcfs, get_preemption("recompute")).preempt] == ["b"]
+    # swap: b (lowest priority) fits the host pool and covers the 400 lacking
+    got = decide(s, streams, fcfs, get_preemption("swap"))
+    assert [(p.sid, p.mode) for p in got.preempt] == [("b", "swap")]
+    # the host pool holds b but not a, and b alone cannot cover a shortfall of 900:
+    # nothing is preempted (a partial swap would not admit it)
+    big = s._replace(waiting=(waiting(turn_rid("c2", 2), 1_500, max_new=0),))
+    assert decide(big, streams, fcfs, get_preemption("swap")).preempt == ()
+    assert decide(big._replace(host_free=2_000), streams, fcfs,
+                  get_preemption("swap")).preempt == (Preempt("b", "swap", 700),
+                                                      Preempt("a", "swap", 800))  # fmt: skip
+
+
 def test_no_preemption_mode_yet_means_no_preemption():
     s = snap(waiting("plain-1", 2_000), slots=[idle("a", 800)], free_kv=0)
     assert decide(s, STREAMS, get_policy("fcfs"), None).preempt == ()
@@ -267,8 +299,9 @@ def test_the_next_admission_is_never_a_volatile_tail_while_other_work_waits():
         waiting(turn_rid("b", 2), 300, max_new=0),
         slots=[idle("c", 800)],
         free_kv=100,
+        host_free=1_000,
     )
-    actions = decide(s, STREAMS, get_policy("fcfs"), get_preemption("recompute"))
+    actions = decide(s, STREAMS, get_policy("fcfs"), get_preemption("swap"))
     assert actions.shortfall == 300 - 100  # b's extend, not a's 900
     assert [p.sid for p in actions.preempt] == ["c"]
 
@@ -321,14 +354,22 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
         return done._replace(planned=True)
     by_rid = {v.rid: v for v in all_views}
     preempt, host_free = [], s.host_free + sum(copies[sid].size for sid in swap_in)
-    for rid in choose_victims(step, by_rid):
+    # a speculative head: swaps only, taken along the whole victim order, all or nothing
+    speculative = is_speculative(first.rid) and not first.complete and not forced
+    for rid in step.victims if speculative else choose_victims(step, by_rid):
         v = by_rid[rid]
         sid = rid if v.state == "idle" else stream_of(rid)
         if not v.reclaimable_kv or sid not in s.slots:
             continue
         mode = preemption.decide(v.reclaimable_kv, host_free)
+        if speculative and mode != "swap":
+            continue
         host_free -= v.reclaimable_kv if mode == "swap" else 0
         preempt.append(Preempt(sid, mode, v.reclaimable_kv))
+        if speculative and sum(p.tokens for p in preempt) >= step.kv_shortfall:
+            break
+    if speculative and sum(p.tokens for p in preempt) < step.kv_shortfall:
+        preempt = []
     return Actions(drop, tuple(swap_in), tuple(preempt), step.kv_shortfall, True, forced and bool(preempt))  # fmt: skip
 
 
@@ -484,7 +525,7 @@ def test_a_swapped_in_copy_is_evictable_prefix_that_the_head_locks():
     """The head's host copy comes back into the prefix cache (evictable): its admission locks
     it, so it is not free for the head, and an idle stream is preempted to make room."""
     s = snap(
-        waiting(turn_rid("a", 2), 600, max_new=0),
+        waiting(final_rid("a"), 600, max_new=0),
         slots=[idle("b", 300)],
         host=[HostCopy("a", 500, True)],
         free_kv=520,
