@@ -11,6 +11,11 @@ prefix locked), filled from the host copy (`load_cpu_copy`) and inserted into th
 own prefix match then finds all N tokens, as if the KV had never left. If the pool cannot take
 them, the copy is dropped and the turn recomputes: slower, never wrong.
 
+Back in the tree the copy is evictable cache until its turn's admission locks it. The host copy
+is therefore kept (`SwappedKV.restored`) until the stream holds its slot again (the caller drops
+it then): if LRU eviction takes part of the KV before the turn is admitted, a second swap-in
+copies back only that part (`SwapInResult.again`) instead of the turn recomputing it.
+
 On a CPU host "device" and "host" are both CPU memory: the same code path copies between the
 engine's KV pool and separate host tensors. Page size 1 only (the CPU default); with larger
 pages `swap_out` declines and the caller recomputes.
@@ -29,6 +34,7 @@ import torch
 class SwappedKV:
     tokens: list[int]  # the token ids whose KV is held, in order
     kv_cpu: Any  # `get_cpu_copy` layout: per layer, chunks of [k, v]
+    restored: bool = False  # swapped in at least once (kept until the stream holds its slot)
 
     @property
     def size(self) -> int:
@@ -40,6 +46,9 @@ class SwapInResult:
     restored: int  # tokens copied back from host into the pool
     reused: int  # tokens the radix tree still held (no copy needed)
     dropped: bool  # True: the pool could not take them; the turn recomputes
+    #: the copy had been swapped in before: `restored` is what the tree lost of it (LRU
+    #: eviction) while its turn waited
+    again: bool = False
 
 
 class HostKVPool:
@@ -60,9 +69,9 @@ class HostKVPool:
     def __contains__(self, sid: str) -> bool:
         return sid in self.entries
 
-    def drop(self, sid: str) -> int:
-        entry = self.entries.pop(sid, None)
-        return 0 if entry is None else entry.size
+    def drop(self, sid: str) -> SwappedKV | None:
+        """Forget `sid`'s copy; returns it (None: there was none)."""
+        return self.entries.pop(sid, None)
 
     def swap_out(self, cache: Any, sid: str, tokens: list[int]) -> int:
         """Copy session `sid`'s committed KV for `tokens` to host and release its slot.
@@ -84,7 +93,8 @@ class HostKVPool:
         return n
 
     def swap_in(self, cache: Any, sid: str) -> SwapInResult:
-        """Put `sid`'s swapped KV back into the radix tree (see the module docstring)."""
+        """Put `sid`'s swapped KV back into the radix tree (see the module docstring). The
+        host copy stays (marked `restored`) unless the pool cannot take it."""
         from sglang.srt.mem_cache.base_prefix_cache import (
             EvictParams,
             InsertParams,
@@ -92,13 +102,14 @@ class HostKVPool:
         )
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
-        entry = self.entries.pop(sid)
+        entry = self.entries[sid]
+        again, entry.restored = entry.restored, True
         key = RadixKey(array("q", entry.tokens))
         match = cache.match_prefix(MatchPrefixParams(key=key))
         reused = int(match.device_prefix_len)
         missing = entry.size - reused
         if missing <= 0:
-            return SwapInResult(0, entry.size, False)
+            return SwapInResult(0, entry.size, False, again)
         lock = cache.lock(match.last_device_node)
         try:
             allocator = cache.token_to_kv_pool_allocator
@@ -106,7 +117,8 @@ class HostKVPool:
                 cache.evict(EvictParams(num_tokens=missing - allocator.available_size()))
             new = allocator.alloc(missing) if allocator.available_size() >= missing else None
             if new is None:
-                return SwapInResult(0, reused, True)
+                del self.entries[sid]
+                return SwapInResult(0, reused, True, again)
             chunk = getattr(allocator.get_kvcache(), "cpu_offloading_chunk_size", 8192)
             allocator.load_cpu_copy(_slice(entry.kv_cpu, reused, entry.size, chunk), new)
             prefix = cache.path_device_indices(match.last_device_node)[:reused].to(torch.int64)
@@ -116,7 +128,7 @@ class HostKVPool:
             cache.insert(InsertParams(key=key, value=value, prev_prefix_len=reused))
         finally:
             cache.unlock(lock)
-        return SwapInResult(missing, reused, False)
+        return SwapInResult(missing, reused, False, again)
 
 
 def _slice(kv_cpu: list, start: int, end: int, chunk: int) -> list:

@@ -143,7 +143,7 @@ def host_copies(scheduler: Any, host: Any) -> tuple[HostCopy, ...]:
         return ()
     controller = scheduler.session_controller
     return tuple(
-        HostCopy(sid, entry.size, controller.get(sid) is not None)
+        HostCopy(sid, entry.size, controller.get(sid) is not None, entry.restored)
         for sid, entry in host.entries.items()
     )
 
@@ -271,7 +271,7 @@ def reorder(scheduler: Any, order: Iterable[str]) -> None:
 
 
 class Applied(NamedTuple):
-    dropped: tuple[int, ...] = ()  # sizes of the host copies dropped
+    dropped: tuple[Any, ...] = ()  # radix_ext.swap.SwappedKV per host copy dropped
     swapped_in: tuple[Any, ...] = ()  # radix_ext.swap.SwapInResult per swap-in
     preempted: tuple[tuple[str, str, int], ...] = ()  # (sid, mode done, tokens)
 
@@ -279,7 +279,8 @@ class Applied(NamedTuple):
 def apply(scheduler: Any, actions: Actions, host: Any = None) -> Applied:
     """Carry out `actions` in order: drops, swap-ins, preemptions. A swap that the host pool
     declines (pages > 1, no room) is done as a recompute."""
-    dropped = tuple(host.drop(sid) for sid in actions.drop_copies) if host is not None else ()
+    gone = (host.drop(sid) for sid in actions.drop_copies) if host is not None else ()
+    dropped = tuple(entry for entry in gone if entry is not None)
     swapped = tuple(host.swap_in(scheduler.tree_cache, sid) for sid in actions.swap_in)
     done = []
     cache = scheduler.tree_cache

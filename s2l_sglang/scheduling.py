@@ -47,6 +47,9 @@ class SchedCounters:
     tokens_swapped_out: int = 0  # KV tokens copied to the host pool
     tokens_swapped_in: int = 0  # KV tokens copied back from the host pool
     tokens_swap_reused: int = 0  # swapped tokens the radix tree still held at resume
+    #: tokens of copies already swapped in that LRU eviction took from the tree before their
+    #: turn was admitted, copied back again from the host copy (kept until then)
+    tokens_swapped_in_again: int = 0
     swap_in_dropped: int = 0  # resumes whose host copy did not fit back (recomputed)
     #: host copies never swapped back in (the stream recomputed, or closed): each is counted
     #: as a recompute preemption, not a swap one
@@ -199,15 +202,20 @@ class StreamScheduling:
                 self.stalled,
                 [sid for sid, _, _ in done.preempted],
             )
-        for size in done.dropped:  # a copy never swapped in: in effect a recompute
-            c.swap_copies_unused += 1
+        for entry in done.dropped:
+            if entry.restored:  # swapped in, and its stream holds a slot again (or closed)
+                continue
+            c.swap_copies_unused += 1  # never swapped in: in effect a recompute
             c.preemptions_swap -= 1
             c.preemptions_recompute += 1
-            c.tokens_swapped_out -= size
-            c.tokens_preempted += size
+            c.tokens_swapped_out -= entry.size
+            c.tokens_preempted += entry.size
         for result in done.swapped_in:
-            c.tokens_swapped_in += result.restored
-            c.tokens_swap_reused += result.reused
+            if result.again:  # LRU eviction took this much of a copy back in the tree
+                c.tokens_swapped_in_again += result.restored
+            else:
+                c.tokens_swapped_in += result.restored
+                c.tokens_swap_reused += result.reused
             c.swap_in_dropped += int(result.dropped)
         released = []
         for sid, mode, tokens in done.preempted:

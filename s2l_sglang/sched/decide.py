@@ -8,7 +8,9 @@ every decision is unit-tested on hand-built snapshots (tests/unit/test_decide.py
 One scheduling step, before SGLang builds a prefill batch:
 1. host copies nobody will swap in are dropped (their stream closed, or holds a slot again);
 2. swap-ins: the host KV of streams whose next turn waits comes back, the policy's next
-   admission first (evicting LRU cache if needed), others only into free KV;
+   admission first (evicting LRU cache if needed), others only into free KV; a copy swapped
+   in before is kept on the host until its stream holds a slot, and comes back again (what
+   LRU eviction took of it) only for the next admission;
 3. preemptions: where the policy's next admission (the head of `decide_order`'s order) does
    not fit the free KV, its victims (idle streams, and waiting turns that have not borrowed
    their slot) are preempted, lowest priority first, each by the mode the `Preemption` picks
@@ -73,6 +75,9 @@ class HostCopy(NamedTuple):
     sid: str
     size: int
     session_open: bool
+    #: swapped in before (the tree may still hold it all): kept until the stream holds its
+    #: slot, and swapped in again only for the next admission, for what the tree lost
+    restored: bool = False
 
 
 class Snapshot(NamedTuple):
@@ -273,13 +278,12 @@ def decide(
     found in one pass over the queue (`_head_index`), without a view per request or a sort;
     other policies order the waiting requests' views. The holders are looked at only when the
     head lacks KV, and then only the idle streams when their KV covers the shortfall (they are
-    the first victims). It relies on a policy ordering any subset as it orders the whole, as
+    the first victims), else those and the waiting turns that hold KV (`_holders`). It relies on a policy ordering any subset as it orders the whole, as
     the sort-based built-in ones do."""
     drop = tuple(c.sid for c in snap.host if not c.session_open or c.sid in snap.slots)
     if not snap.waiting:
         return Actions(drop_copies=drop) if drop else NOTHING
     copies = {c.sid: c for c in snap.host if c.sid not in drop}
-    waiting: list[ReqView] | None = None  # every waiting request's view, built only if needed
     hi = _head_index(snap, streams, policy.rank) if policy.rank else None
     if hi is None:
         waiting = _waiting_views(snap, streams)
@@ -296,7 +300,7 @@ def decide(
             copy = copies.get(sid) if mark else None
             if copy is None or sid in swap_in:
                 continue
-            if w.rid != first.rid and available < copy.size:
+            if w.rid != first.rid and (copy.restored or available < copy.size):
                 continue
             swap_in.append(copy.sid)
             available = max(0, available - copy.size)  # the head's evicts LRU cache for room
@@ -306,7 +310,6 @@ def decide(
             back = {s: copies[s].size for s in swap_in}
             hits = tuple(_with_copy(w, back.get(stream_of(w.rid) or "", 0)) for w in snap.waiting)
             snap = snap._replace(waiting=hits)
-            waiting = None
             first = _view_at(snap, streams, hi)
     done = Actions(drop, tuple(swap_in)) if drop or swap_in else NOTHING
     if preemption is None:
@@ -331,16 +334,17 @@ def decide(
         # waiting requests' views are not needed.
         shortfall, others = need - free_kv, idle
     else:
-        if waiting is None:
-            waiting = _waiting_views(snap, streams)
-        reclaimable = sum(map(_RECLAIMABLE, waiting)) + idle_kv
-        if not reclaimable:
+        # the other waiting requests that hold KV a preemption frees (turns not on their
+        # slot yet): only they can be victims, so only their views are built
+        held = _waiting_views(snap._replace(waiting=_holders(snap, hi)), streams)
+        reclaimable = sum(map(_RECLAIMABLE, held)) + idle_kv
+        if not reclaimable and not first.reclaimable_kv:
             return done
-        cap = free_kv + reclaimable - first.reclaimable_kv  # all the KV the head could have
+        cap = free_kv + reclaimable  # all the KV the head could have
         shortfall = min(need, cap) - free_kv  # <= 0 also when cap <= 0: no victim helps
         if shortfall <= 0:
             return done._replace(planned=True)
-        others = waiting[:hi] + waiting[hi + 1 :] + idle
+        others = held + idle
     victims = _victims(policy, others, _ALL if speculative else shortfall)
     preempt: list[Preempt] = []
     host_free = snap.host_free + sum(copies[s].size for s in swap_in)
@@ -361,6 +365,21 @@ def decide(
     if speculative and freed < shortfall:
         preempt = []  # it waits for KV that committed work releases (or for its finish)
     return Actions(drop, tuple(swap_in), tuple(preempt), shortfall, True, forced and bool(preempt))
+
+
+def _holders(snap: Snapshot, skip: int) -> tuple[WaitingReq, ...]:
+    """The waiting requests but `snap.waiting[skip]` whose view has reclaimable KV: stream
+    turns not on their slot yet whose slot holds KV (`_waiting_views`' `reclaimable_kv`)."""
+    slots_get = snap.slots.get
+    out = []
+    for i, w in enumerate(snap.waiting):
+        if w.borrowed or i == skip:
+            continue
+        sid, mark, _ = w.rid.rpartition(MARK)
+        slot = slots_get(sid) if mark else None
+        if slot is not None and slot.allocated:
+            out.append(w)
+    return tuple(out)
 
 
 def _view_at(snap: Snapshot, streams: Mapping[str, StreamInfo], i: int) -> ReqView:

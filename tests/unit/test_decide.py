@@ -184,6 +184,10 @@ def test_swap_in_the_next_admission_always_and_others_only_into_free_kv():
     # nothing is free for the others
     tight = decide(s._replace(available=400), STREAMS, get_policy("fcfs"), get_preemption("swap"))
     assert tight.swap_in == ("c",)
+    # copies swapped in before (kept on the host until their stream holds a slot) come back
+    # again only for the next admission: what LRU eviction took of them
+    again = s._replace(host=tuple(h._replace(restored=True) for h in s.host))
+    assert decide(again, STREAMS, get_policy("fcfs"), get_preemption("swap")).swap_in == ("c",)
 
 
 def test_preempt_the_idle_stream_when_the_next_admission_lacks_kv():
@@ -320,7 +324,7 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
         copy = copies.get(stream_of(w.rid) or "")
         if copy is None or copy.sid in swap_in:
             continue
-        if w.rid != first.rid and available < copy.size:
+        if w.rid != first.rid and (copy.restored or available < copy.size):
             continue
         swap_in.append(copy.sid)
         available = max(0, available - copy.size)
@@ -416,7 +420,8 @@ def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo
                 )  # fmt: skip
             )
         if sid not in slots and rng.random() < 0.5:
-            host.append(HostCopy(sid, rng.randint(1, 500), rng.random() < 0.9))
+            host.append(HostCopy(sid, rng.randint(1, 500), rng.random() < 0.9,
+                                 rng.random() < 0.3))  # fmt: skip
     rng.shuffle(waiting_)
     free = rng.randint(0, 1_500)
     s = Snapshot(100.0, tuple(waiting_), slots, free, rng.randint(0, free), rng.choice([0, 0, 200]),

@@ -61,7 +61,8 @@ def test_swap_in_after_eviction_restores_the_exact_kv():
 
     assert host.swap_in(s.cache, SID) == SwapInResult(restored=12, reused=0, dropped=False)
 
-    assert SID not in host and s.avail == POOL - 12
+    # the host copy stays, marked, until the stream holds its slot again
+    assert SID in host and host.entries[SID].restored and s.avail == POOL - 12
     matched, k_tree, v_tree = tree_kv(s, TOKENS)
     assert matched == 12 and torch.equal(k_tree, k) and torch.equal(v_tree, v)
     assert s.cache.evictable_size() == 12  # unlocked: the next turn's match takes it
@@ -94,7 +95,7 @@ def test_swap_in_without_room_drops_the_copy_and_leaks_nothing():
 
     assert host.swap_in(s.cache, SID) == SwapInResult(restored=0, reused=0, dropped=True)
 
-    assert SID not in host and s.avail == 2
+    assert SID not in host and s.avail == 2  # a copy the pool cannot take is dropped
     s.cache.token_to_kv_pool_allocator.free(hog)
     assert s.avail == POOL
 
@@ -107,5 +108,29 @@ def test_swap_out_declines_without_host_room_and_leaves_the_slot():
     assert host.swap_out(s.cache, SID, TOKENS) == 0
 
     assert SID not in host and s.cache.session.slots[SID] is s.slot and s.avail == before
-    assert host.drop(SID) == 0
+    assert host.drop(SID) is None
     assert s.drain() == POOL
+
+
+def test_a_copy_evicted_before_its_turn_comes_back_from_the_kept_host_copy():
+    """Swapped in, the copy is evictable cache until its turn's admission locks it. LRU
+    eviction before then takes it, and the host copy (kept) brings back exactly what was lost;
+    dropped once the stream holds its slot again, it is returned for the caller's counters."""
+    s = make_stream(n=12, published=0)
+    k, v = fill_kv(s)
+    host = HostKVPool(64)
+    host.swap_out(s.cache, SID, TOKENS)
+    assert host.swap_in(s.cache, SID) == SwapInResult(restored=12, reused=0, dropped=False)
+    # nothing lost: a second swap-in copies nothing
+    assert host.swap_in(s.cache, SID) == SwapInResult(0, 12, False, again=True)
+    s.cache.evict(EvictParams(num_tokens=POOL))  # another admission's eviction
+    assert tree_kv(s, TOKENS)[0] == 0 and s.avail == POOL
+
+    assert host.swap_in(s.cache, SID) == SwapInResult(12, 0, False, again=True)
+
+    matched, k_tree, v_tree = tree_kv(s, TOKENS)
+    assert matched == 12 and torch.equal(k_tree, k) and torch.equal(v_tree, v)
+    entry = host.drop(SID)
+    assert entry is not None and entry.restored and entry.size == 12 and SID not in host
+    s.cache.evict(EvictParams(num_tokens=POOL))
+    assert s.avail == POOL
