@@ -270,7 +270,8 @@ def decide(
     A speculative head (a stream turn whose context is not final) gets only swaps: its
     victims, in the same order, are those the `Preemption` would swap, up to its shortfall;
     when they cannot cover it, nothing is preempted and it waits (its stream's finish
-    promotes or replaces it). Preempting idle streams by recompute for speculative work made
+    promotes or replaces it), unless the engine has stalled (`STALL_STEPS`): then it is
+    planned as committed work is. Preempting idle streams by recompute for speculative work made
     streams evict one another's KV in turn under memory pressure (memory-pressure-tails at
     9b8e622: 37-76k tokens recomputed, where waiting prefilled 101,710 in all).
 
@@ -325,8 +326,10 @@ def decide(
         return done._replace(planned=True) if _at_stake(snap, streams) else done
     # Speculative work (a turn of a context not final, not promoted) never throws another
     # stream's KV away: its victims are swapped, lowest priority first, and only if swaps
-    # cover its shortfall (a stall's forced preemption excepted).
-    speculative = is_speculative(first.rid) and not first.complete and not forced
+    # cover its shortfall. Not after a stall (nothing admitted, nothing running for
+    # `STALL_STEPS` steps): then the KV is idle, and a client that waits for its context to
+    # be prefilled before it finishes would otherwise wait for ever.
+    speculative = is_speculative(first.rid) and not first.complete and snap.stalled < STALL_STEPS
     idle = _idle_views(snap, streams)
     idle_kv = sum(map(_RECLAIMABLE, idle))
     if free_kv + idle_kv >= need and not speculative:

@@ -248,6 +248,10 @@ def test_speculative_work_swaps_victims_out_and_never_makes_them_recompute():
     # recompute only: nothing for speculative work, while a final turn of the same size
     # preempts as before
     assert decide(s, streams, fcfs, get_preemption("recompute")).preempt == ()
+    # ... until the engine stalls (nothing admitted, nothing running): then it is planned as
+    # committed work is (a client may wait for this prefill before it finishes)
+    stalled = decide(s._replace(stalled=STALL_STEPS), streams, fcfs, get_preemption("recompute"))
+    assert [p.sid for p in stalled.preempt] == ["b"]
     final = streams | {"c2": streams["c2"]._replace(complete=True)}
     assert [p.sid for p in decide(s, final, fcfs, get_preemption("recompute")).preempt] == ["b"]
     # swap: b (lowest priority) fits the host pool and covers the 400 lacking
@@ -359,7 +363,7 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
     by_rid = {v.rid: v for v in all_views}
     preempt, host_free = [], s.host_free + sum(copies[sid].size for sid in swap_in)
     # a speculative head: swaps only, taken along the whole victim order, all or nothing
-    speculative = is_speculative(first.rid) and not first.complete and not forced
+    speculative = is_speculative(first.rid) and not first.complete and s.stalled < STALL_STEPS
     for rid in step.victims if speculative else choose_victims(step, by_rid):
         v = by_rid[rid]
         sid = rid if v.state == "idle" else stream_of(rid)
