@@ -18,7 +18,7 @@ One scheduling step, before SGLang builds a prefill batch:
    admission, computed without ordering and planning every request each step. A head that
    is speculative work (a turn of a context not final yet) only swaps its victims out, and
    only when swaps cover its shortfall: speculative work never makes another stream
-   recompute what it holds.
+   recompute what it holds (unless the engine has stalled: nothing admitted, nothing running).
 The waiting queue's order is a separate decision (`decide_order`, at SGLang's
 `calc_priority`), and so is the cancellation of a stale speculative turn (`may_cancel`).
 """
@@ -271,16 +271,16 @@ def decide(
     victims, in the same order, are those the `Preemption` would swap, up to its shortfall;
     when they cannot cover it, nothing is preempted and it waits (its stream's finish
     promotes or replaces it), unless the engine has stalled (`STALL_STEPS`): then it is
-    planned as committed work is. Preempting idle streams by recompute for speculative work made
-    streams evict one another's KV in turn under memory pressure (memory-pressure-tails at
-    9b8e622: 37-76k tokens recomputed, where waiting prefilled 101,710 in all).
+    planned as committed work is. The motive: preempting idle streams by recompute for
+    speculative work let streams evict one another's KV in turn under memory pressure.
 
     Cost: for a policy that says how it ranks (`Policy.rank`, every built-in one) the head is
     found in one pass over the queue (`_head_index`), without a view per request or a sort;
     other policies order the waiting requests' views. The holders are looked at only when the
     head lacks KV, and then only the idle streams when their KV covers the shortfall (they are
-    the first victims), else those and the waiting turns that hold KV (`_holders`). It relies on a policy ordering any subset as it orders the whole, as
-    the sort-based built-in ones do."""
+    the first victims), else those and the waiting turns that hold KV (`_holders`). It relies
+    on a policy ordering any subset as it orders the whole, as the sort-based built-in ones
+    do."""
     drop = tuple(c.sid for c in snap.host if not c.session_open or c.sid in snap.slots)
     if not snap.waiting:
         return Actions(drop_copies=drop) if drop else NOTHING
