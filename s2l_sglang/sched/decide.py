@@ -25,7 +25,7 @@ The waiting queue's order is a separate decision (`decide_order`, at SGLang's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from itertools import compress
 from operator import itemgetter, not_
 from typing import Literal, NamedTuple
@@ -339,7 +339,7 @@ def decide(
     else:
         # the other waiting requests that hold KV a preemption frees (turns not on their
         # slot yet): only they can be victims, so only their views are built
-        held = _waiting_views(snap._replace(waiting=_holders(snap, hi)), streams)
+        held = _waiting_views(snap._replace(waiting=tuple(_holders(snap, hi))), streams)
         reclaimable = sum(map(_RECLAIMABLE, held)) + idle_kv
         if not reclaimable and not first.reclaimable_kv:
             return done
@@ -370,19 +370,17 @@ def decide(
     return Actions(drop, tuple(swap_in), tuple(preempt), shortfall, True, forced and bool(preempt))
 
 
-def _holders(snap: Snapshot, skip: int) -> tuple[WaitingReq, ...]:
+def _holders(snap: Snapshot, skip: int = -1) -> Iterator[WaitingReq]:
     """The waiting requests but `snap.waiting[skip]` whose view has reclaimable KV: stream
     turns not on their slot yet whose slot holds KV (`_waiting_views`' `reclaimable_kv`)."""
     slots_get = snap.slots.get
-    out = []
     for i, w in enumerate(snap.waiting):
         if w.borrowed or i == skip:
             continue
         sid, mark, _ = w.rid.rpartition(MARK)
         slot = slots_get(sid) if mark else None
         if slot is not None and slot.allocated:
-            out.append(w)
-    return tuple(out)
+            yield w
 
 
 def _view_at(snap: Snapshot, streams: Mapping[str, StreamInfo], i: int) -> ReqView:
@@ -440,14 +438,7 @@ def _at_stake(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> bool:
     that has not borrowed its slot (what `planned` reports)."""
     if any(s.allocated and not s.inflight and s.sid in streams for s in snap.slots.values()):
         return True
-    slots_get = snap.slots.get
-    for w in snap.waiting:
-        if not w.borrowed:
-            sid, mark, _ = w.rid.rpartition(MARK)
-            slot = slots_get(sid) if mark else None
-            if slot is not None and slot.allocated:
-                return True
-    return False
+    return next(_holders(snap), None) is not None
 
 
 def _with_copy(w: WaitingReq, size: int) -> WaitingReq:
