@@ -5,7 +5,8 @@ change it makes goes through `apply()` and the few writes below. The decisions b
 are pure (`sched/decide.py`). What is read and written:
 - the waiting queue (`Scheduler.waiting_queue`): each request's rid, input length, output
   budget, queue-entry time (`time_stats.wait_queue_entry_time`) and prefix-cache hit
-  (`Req.prefix_len`, as SGLang last matched it); the queue's order is written back;
+  (`Req.prefix_len`, as SGLang last matched it); the queue's order is written back, and
+  held speculative turns are taken out of it for one admission and put back after;
 - the running batch (`Scheduler.running_batch.reqs`): the KV its requests will still take,
   counted as SGLang's `PrefillAdder` counts it (clipped output left x `new_token_ratio`);
 - the chunked request (`Scheduler.chunked_req`): its next chunk;
@@ -268,6 +269,23 @@ def reorder(scheduler: Any, order: Iterable[str]) -> None:
     """Put the waiting queue in `order` (rids; unknown ones skipped)."""
     by_rid = {req.rid: req for req in scheduler.waiting_queue}
     scheduler.waiting_queue[:] = [by_rid[rid] for rid in order if rid in by_rid]
+
+
+def hold_out(scheduler: Any, rids: Iterable[str]) -> list[Any]:
+    """Take the waiting requests `rids` out of the waiting queue, for one admission; the
+    requests, for `put_back`."""
+    out = set(rids)
+    queue = scheduler.waiting_queue
+    held = [req for req in queue if req.rid in out]
+    queue[:] = [req for req in queue if req.rid not in out]
+    return held
+
+
+def put_back(scheduler: Any, reqs: list[Any]) -> None:
+    """Return requests `hold_out` took to the end of the waiting queue (SGLang replaces the
+    queue's list after an admission: this is the one in force); the next `calc_priority`
+    orders them again."""
+    scheduler.waiting_queue.extend(reqs)
 
 
 class Applied(NamedTuple):

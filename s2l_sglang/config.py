@@ -44,6 +44,10 @@ class StreamConfig:
     #: most new tokens in one prefill turn of a context that is not final (speculative work):
     #: a final context or a plain request waits behind at most this much of it
     speculative_chunk: int = 512
+    #: KV tokens that speculative work (prefill of contexts not final) leaves free for
+    #: committed work (final turns, plain requests); None: the largest committed request seen
+    #: (its prompt and output budget, at least `speculative_chunk`), at most half the pool
+    speculative_reserve: int | None = None
     #: update mode: prefill the volatile tail (what the last refinement rewrote, beyond the
     #: prefix it shares with the version before) only at the lowest priority, with budget no
     #: other request wants
@@ -79,6 +83,13 @@ class StreamConfig:
         if not isinstance(self.speculative_chunk, int) or self.speculative_chunk <= 0:
             raise ValueError(
                 f"speculative_chunk must be a positive integer: {self.speculative_chunk!r}"
+            )
+
+        if self.speculative_reserve is not None and (
+            not isinstance(self.speculative_reserve, int) or self.speculative_reserve < 0
+        ):
+            raise ValueError(
+                f"speculative_reserve must be an integer >= 0 or None: {self.speculative_reserve!r}"
             )
 
     def as_dict(self) -> dict[str, Any]:
@@ -160,6 +171,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help="most new tokens in one prefill turn of a context that is not final; a final "
         "context waits behind at most one such turn (default: %(default)s)",
+    )
+    group.add_argument(
+        "--stream-speculative-reserve",
+        dest="speculative_reserve",
+        type=int,
+        default=d.speculative_reserve,
+        metavar="TOKENS",
+        help="KV that prefill of contexts not final leaves free for final contexts and plain "
+        "requests (default: the largest such request seen, at most half the KV pool)",
     )
     group.add_argument(
         "--no-stream-hold-back",

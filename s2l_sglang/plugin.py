@@ -163,7 +163,9 @@ def _order_by_stream_policy(original: Callable, self, waiting_queue, *args, **kw
 
 def _around_new_prefill(original: Callable, self, running_batch, *args, **kwargs):
     """AROUND `Scheduler.get_new_batch_prefill`: before it, preempt idle streams when the plan
-    needs KV; after it, account what the batch admitted ahead of committed work that waits."""
+    needs KV; during it, speculative turns that would eat into the reserve are held out of
+    the waiting queue (at `calc_priority`), and put back after it; after it, account what
+    the batch admitted ahead of committed work that waits."""
     sched = stream_scheduling()
     waiting = None
     try:
@@ -171,7 +173,14 @@ def _around_new_prefill(original: Callable, self, running_batch, *args, **kwargs
         waiting = sched.before_admission(self)
     except Exception:  # never take the scheduler down
         _hook_failed("stream KV-pressure relief")
-    batch = original(self, running_batch, *args, **kwargs)
+    sched.begin_admission()  # speculative turns may be held out of this admission
+    try:
+        batch = original(self, running_batch, *args, **kwargs)
+    finally:
+        try:
+            sched.end_admission(self)
+        except Exception:
+            _hook_failed("returning held turns to the waiting queue")
     try:
         sched.after_prefill_step(self, batch, running_batch)
         if waiting is not None:

@@ -25,9 +25,13 @@ from s2l_sglang import adapter
 from s2l_sglang.config import StreamConfig
 from s2l_sglang.rid import CANCELLED, is_speculative, is_volatile, stream_of
 from s2l_sglang.sched.decide import (
+    Snapshot,
     StreamInfo,
+    committed_need,
     decide,
     decide_order,
+    hold,
+    lifted,
     may_cancel,
     needs_order,
     promote,
@@ -77,6 +81,12 @@ class SchedCounters:
     #: ran though the plan counted room for the head (a KV count that differs from SGLang's)
     stall_preemptions: int = 0
     stalled_steps_max: int = 0  # most steps in a row that admitted nothing while nothing ran
+    #: speculative turns kept out of an admission at least once, so that speculative KV
+    #: leaves `spec_reserve` free for committed work (`sched.decide.hold`)
+    turns_held_for_kv: int = 0
+    #: stalls that lasted `SPEC_STALL_S` (`sched.decide.lifted`): speculative work was then
+    #: planned as committed work (no reserve, victims recomputed where not swapped)
+    stall_lifts: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -100,8 +110,20 @@ class StreamScheduling:
 
     preemption: Preemption | None = None
     host: HostKVPool | None = None
-    #: prefill steps in a row that admitted nothing while requests waited and nothing ran
+    #: prefill steps in a row that admitted nothing while requests were offered to the
+    #: admission (not only held turns) and nothing ran
     stalled: int = 0
+    #: when the engine stalled (nothing admitted, nothing running, requests waiting, held
+    #: ones too; SGLang's clock); 0.0: not stalled
+    stalled_since: float = 0.0
+    lift_counted: bool = False  # this stall was counted in `stall_lifts`
+    all_held: bool = False  # this admission's every waiting request was held out
+    #: largest KV a committed request asked (prompt and output budget): the automatic reserve
+    committed_need_max: int = 0
+    #: inside SGLang's `get_new_batch_prefill` (only there are turns held out of the queue)
+    in_prefill: bool = False
+    held: list[Any] = field(default_factory=list)  # SGLang's requests held out of the queue
+    held_rids: set[str] = field(default_factory=set)  # turns held at least once (counted)
     profile_path: str | None = None
     #: what `adapter.check_contract` found missing in this SGLang (checked once, at configure)
     contract: list[str] | None = None
@@ -173,14 +195,55 @@ class StreamScheduling:
             if len(self.streams) > 2 * len(sessions) + 64:
                 self.streams = {sid: i for sid, i in self.streams.items() if sid in sessions}
 
+    def spec_reserve(self, scheduler: Any) -> int:
+        """KV that speculative work leaves free for committed work: `speculative_reserve`,
+        else the largest committed request seen (at least one speculative chunk), at most
+        half the pool."""
+        if self.config.speculative_reserve is not None:
+            return self.config.speculative_reserve
+        seen = max(self.committed_need_max, self.config.speculative_chunk)
+        return min(seen, adapter.max_total_tokens(scheduler) // 2)
+
+    def _snapshot(self, scheduler: Any, running_batch: Any = None) -> Snapshot:
+        """`adapter.snapshot` with what this side knows: the stall and the reserve."""
+        snap = adapter.snapshot(scheduler, self.host, running_batch, self.stalled)
+        stalled_s = snap.now - self.stalled_since if self.stalled_since else 0.0
+        return snap._replace(stalled_s=stalled_s, spec_reserve=self.spec_reserve(scheduler))
+
     def order_waiting(self, scheduler: Any) -> None:
-        """Reorder SGLang's waiting queue by the policy (`sched.decide.decide_order`)."""
+        """Reorder SGLang's waiting queue by the policy (`sched.decide.decide_order`); inside
+        an admission, take the speculative turns that would eat into the reserve out of the
+        queue until it ends (`sched.decide.hold`, `put_back`)."""
         keep = self.policy_name == "default"
-        if not needs_order(adapter.waiting_rids(scheduler), keep):  # before any snapshot
+        rids = adapter.waiting_rids(scheduler)
+        holding = self.in_prefill and any(map(is_speculative, rids))
+        if not holding and not needs_order(rids, keep):  # before any snapshot
             return
-        order = decide_order(adapter.snapshot(scheduler), self.streams, self.policy, keep)
+        snap = self._snapshot(scheduler)
+        order = decide_order(snap, self.streams, self.policy, keep)
         if order is not None:
             adapter.reorder(scheduler, order)
+        if holding:
+            held = hold(snap, self.streams, order)
+            if held:
+                self.held.extend(adapter.hold_out(scheduler, held))
+                self.all_held = not adapter.waiting_rids(scheduler)
+                new = set(held) - self.held_rids
+                self.counters.turns_held_for_kv += len(new)
+                self.held_rids |= new
+
+    def begin_admission(self) -> None:
+        """SGLang starts an admission (`get_new_batch_prefill`): turns may be held out."""
+        self.in_prefill, self.all_held = True, False
+
+    def end_admission(self, scheduler: Any) -> None:
+        """The admission is over: the turns `order_waiting` held out go back to the queue."""
+        self.in_prefill = False
+        if self.held:
+            held, self.held = self.held, []
+            adapter.put_back(scheduler, held)
+        if len(self.held_rids) > 512:
+            self.held_rids &= set(adapter.waiting_rids(scheduler))
 
     def relieve_kv_pressure(self, scheduler: Any, running_batch: Any = None) -> list[str]:
         """One step's drops, swap-ins and preemptions (`sched.decide.decide`), applied by the
@@ -190,7 +253,11 @@ class StreamScheduling:
         if not adapter.has_work_waiting(scheduler) and not (self.host and self.host.entries):
             return []
         self._prune(scheduler)
-        snap = adapter.snapshot(scheduler, self.host, running_batch, self.stalled)
+        snap = self._snapshot(scheduler, running_batch)
+        self.committed_need_max = max(self.committed_need_max, committed_need(snap, self.streams))
+        if lifted(snap) and not self.lift_counted:
+            self.counters.stall_lifts += 1
+            self.lift_counted = True
         actions = decide(snap, self.streams, self.policy, self.preemption)
         self.counters.plan_calls += int(actions.planned)
         done = adapter.apply(scheduler, actions, self.host)
@@ -236,13 +303,20 @@ class StreamScheduling:
         return released
 
     def after_prefill_step(self, scheduler: Any, batch: Any, running_batch: Any) -> None:
-        """Count the step toward a stall (`adapter.stalled_step`) or end the count."""
+        """Count the step toward a stall (`adapter.stalled_step`) or end it: its start time
+        (any stall: `sched.decide.lifted`) and its steps (one in which only held turns
+        waited is not counted: the forced preemption of `STALL_STEPS` mistrusts a KV count
+        that let a request it admits wait)."""
         if adapter.stalled_step(scheduler, batch, running_batch):
-            self.stalled += 1
-            c = self.counters
-            c.stalled_steps_max = max(c.stalled_steps_max, self.stalled)
+            if not self.stalled_since:
+                self.stalled_since = adapter.now()
+            if not self.all_held:  # held turns were not offered: no count to mistrust
+                self.stalled += 1
+                c = self.counters
+                c.stalled_steps_max = max(c.stalled_steps_max, self.stalled)
         else:
-            self.stalled = 0
+            self.stalled, self.stalled_since = 0, 0.0
+            self.lift_counted = False
 
     def cancel_waiting_turn(self, scheduler: Any, rid: str, finishing: bool = False) -> bool:
         """Abort stream turn `rid` (with the message `CANCELLED`) if it waits in the queue
@@ -341,6 +415,7 @@ class StreamScheduling:
             "profile": self.profile_path,
             "host_kv_used": self.host.used_tokens if self.host is not None else 0,
             "host_copies": len(self.host.entries) if self.host is not None else 0,
+            "spec_reserve": self.spec_reserve(scheduler) if scheduler is not None else None,
             "adapter_contract": self.contract,
         }
         if scheduler is not None:

@@ -17,15 +17,18 @@ One scheduling step, before SGLang builds a prefill batch:
    for its own held tokens. This is `planner.plan`'s decision for a budget of that one
    admission, computed without ordering and planning every request each step. A head that
    is speculative work (a turn of a context not final yet) only swaps its victims out, and
-   only when swaps cover its shortfall: speculative work never makes another stream
-   recompute what it holds (unless the engine has stalled: nothing admitted, nothing running).
+   only when swaps cover its shortfall and `spec_reserve`: speculative work never makes
+   another stream recompute what it holds (unless the engine has stalled a while: nothing
+   admitted, nothing running; `lifted`).
 The waiting queue's order is a separate decision (`decide_order`, at SGLang's
-`calc_priority`), and so is the cancellation of a stale speculative turn (`may_cancel`).
+`calc_priority`), and so are the speculative turns kept out of that step's admission so that
+speculative KV leaves `spec_reserve` free (`hold`), and the cancellation of a stale
+speculative turn (`may_cancel`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import compress
 from operator import itemgetter, not_
 from typing import Literal, NamedTuple
@@ -96,8 +99,15 @@ class Snapshot(NamedTuple):
     #: what SGLang's admission asks beyond the extend and the output budget, in tokens: a page
     #: of rounding, and 1 because it admits only below its free KV (`total < remaining`)
     admit_extra: int = 0
-    #: scheduling steps in a row that admitted nothing while nothing ran (see `STALL_STEPS`)
+    #: scheduling steps in a row that admitted nothing while nothing ran, though a request
+    #: was offered to the admission (not only held speculative turns; see `STALL_STEPS`)
     stalled: int = 0
+    #: seconds since the engine stalled: nothing admitted, nothing running, requests waiting
+    #: (held ones too); 0: not stalled (see `SPEC_STALL_S`)
+    stalled_s: float = 0.0
+    #: KV, in tokens, that speculative work leaves free for committed work: a speculative turn
+    #: is admitted only into free KV beyond it (`hold`), and preempts for it only by swap
+    spec_reserve: int = 0
 
 
 class Preempt(NamedTuple):
@@ -123,6 +133,12 @@ class Actions(NamedTuple):
 #: to fit, whatever the count says: KV that streams hold is then freed rather than waited for
 #: (which nothing would end), lowest priority first, one victim's worth per stall
 STALL_STEPS = 16
+
+#: seconds a stall must last before speculative work is planned as committed work is (no
+#: reserve, victims recomputed): a stall of held speculative work on an idle engine is the
+#: reserve at work, not a fault, and ends when a stream finishes; it is lifted for a client
+#: that waits for its context to be prefilled before it finishes (it would wait for ever)
+SPEC_STALL_S = 1.0
 
 _ALL = 1 << 62  # a shortfall no victims cover: `_victims` then returns every holder
 
@@ -267,12 +283,15 @@ def decide(
     while nothing ran, a head that fits by this count is taken to lack one token (`forced`),
     so one victim's KV is freed per stall.
 
-    A speculative head (a stream turn whose context is not final) gets only swaps: its
-    victims, in the same order, are those the `Preemption` would swap, up to its shortfall;
-    when they cannot cover it, nothing is preempted and it waits (its stream's finish
-    promotes or replaces it), unless the engine has stalled (`STALL_STEPS`): then it is
-    planned as committed work is. The motive: preempting idle streams by recompute for
-    speculative work let streams evict one another's KV in turn under memory pressure.
+    A speculative head (a stream turn whose context is not final) asks `spec_reserve` more
+    (speculative KV leaves that much free for committed work, as `hold` keeps it) and gets
+    only swaps: its victims, in the same order, are those the `Preemption` would swap, up to
+    its shortfall; when they cannot cover it, nothing is preempted and it waits (`hold`
+    keeps it out of the admission; its stream's finish promotes or replaces it), unless the
+    engine has stalled long enough (`lifted`): then it is planned as committed work is. The
+    motive: preempting idle streams by recompute for speculative work let streams evict one
+    another's KV in turn under memory pressure, and speculative KV that filled the pool made
+    every final turn preempt (recompute) another stream's.
 
     Cost: for a policy that says how it ranks (`Policy.rank`, every built-in one) the head is
     found in one pass over the queue (`_head_index`), without a view per request or a sort;
@@ -316,20 +335,22 @@ def decide(
     if preemption is None:
         return done
     free_kv = max(0, snap.free_kv - snap.chunked_next)  # mid-prefill: its next chunk first
+    # Speculative work (a turn of a context not final, not promoted) never throws another
+    # stream's KV away, and leaves `spec_reserve` free: its victims are swapped, lowest
+    # priority first, and only if swaps cover its shortfall. Not after a long stall
+    # (`lifted`): then the KV is idle, and a client that waits for its context to be
+    # prefilled before it finishes would otherwise wait for ever.
+    speculative = is_speculative(first.rid) and not first.complete and not lifted(snap)
     # What SGLang's admission of the head asks: its extend and output budget, a page, the
     # strict test, and the evictable part of its prefix (locked while it is admitted).
     need = first.pending + snap.admit_extra + snap.waiting[hi].prefix_free
+    if speculative:
+        need += snap.spec_reserve
     forced = need <= free_kv and snap.stalled >= STALL_STEPS
     if forced:
         need = free_kv + 1  # the count was wrong somewhere: free one victim's KV
     elif need <= free_kv:  # it fits: no idle stream needs looking at
         return done._replace(planned=True) if _at_stake(snap, streams) else done
-    # Speculative work (a turn of a context not final, not promoted) never throws another
-    # stream's KV away: its victims are swapped, lowest priority first, and only if swaps
-    # cover its shortfall. Not after a stall (nothing admitted, nothing running for
-    # `STALL_STEPS` steps): then the KV is idle, and a client that waits for its context to
-    # be prefilled before it finishes would otherwise wait for ever.
-    speculative = is_speculative(first.rid) and not first.complete and snap.stalled < STALL_STEPS
     idle = _idle_views(snap, streams)
     idle_kv = sum(map(_RECLAIMABLE, idle))
     if free_kv + idle_kv >= need and not speculative:
@@ -345,7 +366,7 @@ def decide(
             return done
         cap = free_kv + reclaimable  # all the KV the head could have
         shortfall = min(need, cap) - free_kv  # <= 0 also when cap <= 0: no victim helps
-        if shortfall <= 0:
+        if shortfall <= 0 or (speculative and need > cap):  # (swaps would not admit it)
             return done._replace(planned=True)
         others = held + idle
     victims = _victims(policy, others, _ALL if speculative else shortfall)
@@ -368,6 +389,59 @@ def decide(
     if speculative and freed < shortfall:
         preempt = []  # it waits for KV that committed work releases (or for its finish)
     return Actions(drop, tuple(swap_in), tuple(preempt), shortfall, True, forced and bool(preempt))
+
+
+def lifted(snap: Snapshot) -> bool:
+    """The engine has stalled long enough (`SPEC_STALL_S` seconds with nothing admitted while
+    nothing ran) for speculative work to be planned as committed work is: no reserve, and
+    victims recomputed where they cannot be swapped."""
+    return snap.stalled_s >= SPEC_STALL_S
+
+
+def hold(
+    snap: Snapshot, streams: Mapping[str, StreamInfo], order: Sequence[str] | None = None
+) -> tuple[str, ...]:
+    """The speculative turns to keep out of this step's admission, so that speculative KV
+    leaves `snap.spec_reserve` tokens free for committed work (final turns, plain requests).
+
+    Walking the waiting queue in `order` (rids; None: the snapshot's), as SGLang's admission
+    does, the budget is the free KV less the chunked request's next chunk and the reserve;
+    committed work is charged what its admission asks, and a speculative turn (a turn of a
+    context not final, volatile tails included) that does not fit in what is left is held,
+    one that fits is charged. Nothing is held without a reserve or after a long stall
+    (`lifted`: as `decide` then plans speculative work as committed). A held turn waits in
+    the queue; `decide`'s swaps, a stream's finish (its turns are promoted or replaced), or
+    KV that committed work releases let it in later."""
+    if snap.spec_reserve <= 0 or lifted(snap):
+        return ()
+    views_ = _waiting_views(snap, streams)
+    by_rid = {v.rid: (v, w.prefix_free) for v, w in zip(views_, snap.waiting, strict=True)}
+    budget = snap.free_kv - snap.chunked_next - snap.spec_reserve
+    held: list[str] = []
+    for rid in order if order is not None else by_rid:
+        entry = by_rid.get(rid)
+        if entry is None:
+            continue
+        view, prefix_free = entry
+        need = view.pending + snap.admit_extra + prefix_free
+        if is_speculative(rid) and not view.complete and need > budget:
+            held.append(rid)
+        else:
+            budget -= need
+    return tuple(held)
+
+
+def committed_need(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> int:
+    """The most KV a committed waiting request (a plain one, or a turn of a stream whose
+    context is final) would ask with no prefix cached: its prompt and output budget."""
+    most = 0
+    for w in snap.waiting:
+        if is_speculative(w.rid):
+            info = streams.get(stream_of(w.rid) or "")
+            if info is None or not info.complete:
+                continue
+        most = max(most, w.prompt_len + w.max_new)
+    return most
 
 
 def _holders(snap: Snapshot, skip: int = -1) -> Iterator[WaitingReq]:

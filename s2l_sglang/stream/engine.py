@@ -27,6 +27,7 @@ class StreamEngine:
         preemption: str = "auto",
         host_kv_tokens: int | None = None,
         speculative_chunk: int = 512,
+        speculative_reserve: int | None = None,
         hold_back: bool = True,
         hold_back_settle: float = 1.0,
         **engine_kwargs: Any,
@@ -37,7 +38,9 @@ class StreamEngine:
         `recompute`; `swap`). `host_kv_tokens`: the host pool for swapped KV (default: the
         device pool's size). `idle_timeout`: seconds before a quiet stream is aborted (None:
         never). `speculative_chunk`: most new tokens per prefill turn of a context not yet
-        final (a final context waits behind at most one). `hold_back`: in update mode, the
+        final (a final context waits behind at most one). `speculative_reserve`: KV tokens
+        that such prefill leaves free for final contexts and plain requests (None: the
+        largest seen, at most half the pool). `hold_back`: in update mode, the
         tail a refinement rewrote is prefilled only at the lowest priority, and
         `hold_back_settle`: once the stream has been quiet for a while (at most that many
         seconds; see `StreamConfig`). A bad value is a ValueError here, before anything
@@ -54,6 +57,7 @@ class StreamEngine:
             host_kv_tokens=host_kv_tokens,
             stream_idle_timeout=idle_timeout,
             speculative_chunk=speculative_chunk,
+            speculative_reserve=speculative_reserve,
             hold_back=hold_back,
             hold_back_settle=hold_back_settle,
         )

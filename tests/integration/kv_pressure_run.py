@@ -35,19 +35,25 @@ def wait_prefilled(eng, sid: str, timeout: float = 300.0) -> None:
         time.sleep(0.05)
 
 
-def run(policy: str, preemption: str) -> dict:
+def engine(policy: str, preemption: str, chunk: int = 128):
+    """An engine with the small KV pool, idle streams never aborted, and KV that nobody holds
+    failing SGLang's idle check."""
     from s2l_sglang.stream.engine import StreamEngine
 
-    os.environ["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"  # KV nobody holds fails
-    eng = StreamEngine(
+    os.environ["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"
+    return StreamEngine(
         stream_policy=policy,
         preemption=preemption,
         idle_timeout=None,
         log_level="error",
         max_total_tokens=POOL_TOKENS,
         context_length=512,
-        chunked_prefill_size=128,
+        chunked_prefill_size=chunk,
     )
+
+
+def run(policy: str, preemption: str) -> dict:
+    eng = engine(policy, preemption)
     sizes = [len(eng.tokenizer.encode(context(i), add_special_tokens=False)) for i in range(4)]
     # Open each stream in two chunks and wait until the engine holds its whole context before
     # the next opens: idle streams hold KV, and from the third stream on the pool cannot hold
@@ -91,18 +97,8 @@ def run_locked_prefix(policy: str) -> dict:
     holds its context and goes idle. The stream must give its KV up for it; if the plan counts
     the locked prefix as free, nothing is preempted, SGLang admits nothing, and nothing else
     would ever free the KV (the stall fallback would, after `STALL_STEPS` steps: counted)."""
-    from s2l_sglang.stream.engine import StreamEngine
-
-    os.environ["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"
-    eng = StreamEngine(
-        stream_policy=policy,
-        preemption="recompute",
-        idle_timeout=None,
-        log_level="error",
-        max_total_tokens=POOL_TOKENS,
-        context_length=512,
-        chunked_prefill_size=16,  # the stream prefills for many steps while the request waits
-    )
+    # the stream prefills for many steps while the request waits
+    eng = engine(policy, "recompute", chunk=16)
     cached = context(0) + QUESTION
     eng.generate(prompt=cached, sampling_params=GREEDY)  # its KV stays as evictable cache
     before = eng.sched_counters()
@@ -134,9 +130,57 @@ def run_locked_prefix(policy: str) -> dict:
     }
 
 
+def run_reserve(policy: str) -> dict:
+    """Streams whose contexts together outgrow the KV pool, and a plain request sent while
+    their prefill is held: speculative KV leaves the reserve free (`sched.decide.hold`), so
+    the plain request is admitted without any stream giving up its KV, and every stream
+    still completes once the others finish."""
+    eng = engine(policy, "recompute")
+    tok = eng.tokenizer
+    sizes = [len(tok.encode(context(i), add_special_tokens=False)) for i in range(STREAMS)]
+    prompt = " ".join(context(9).split()[:40]) + QUESTION  # fits in the reserve
+    for i in range(STREAMS):
+        eng.open_stream(f"p{i}", GREEDY, context(i))
+    # until a turn is held: the streams' KV has reached the pool less the reserve
+    deadline = time.monotonic() + 120
+    while not (counters := eng.sched_counters())["turns_held_for_kv"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no turn held: {counters}")
+        time.sleep(0.02)
+    plain = eng.generate(prompt=prompt, sampling_params=GREEDY)["output_ids"]
+    after_plain = eng.sched_counters()
+    results: dict[int, dict] = {}
+
+    def finish(i: int) -> None:
+        results[i] = eng.finish(f"p{i}", QUESTION)
+
+    threads = [threading.Thread(target=finish, args=(i,)) for i in range(STREAMS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    refs = {
+        i: eng.generate(prompt=context(i) + QUESTION, sampling_params=GREEDY)["output_ids"]
+        for i in range(STREAMS)
+    }
+    return {
+        "pool": POOL_TOKENS,
+        "sizes": sizes,
+        "prompt": len(tok.encode(prompt)),
+        "plain": plain,
+        "plain_ref": eng.generate(prompt=prompt, sampling_params=GREEDY)["output_ids"],
+        "after_plain": after_plain,
+        "outputs": {i: r["output_ids"] for i, r in results.items()},
+        "refs": refs,
+        "counters": eng.sched_counters(),
+    }
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "locked-prefix":
         print(json.dumps(run_locked_prefix(sys.argv[2])), flush=True)
+    elif sys.argv[1] == "reserve":
+        print(json.dumps(run_reserve(sys.argv[2])), flush=True)
     else:
         print(json.dumps(run(sys.argv[1], sys.argv[2])), flush=True)
     os._exit(0)  # the engine's processes go with this one

@@ -21,6 +21,7 @@ from s2l_sglang.rid import (
 )
 from s2l_sglang.sched.decide import (
     NOTHING,
+    SPEC_STALL_S,
     STALL_STEPS,
     Actions,
     HostCopy,
@@ -34,6 +35,7 @@ from s2l_sglang.sched.decide import (
     _waiting_views,
     decide,
     decide_order,
+    hold,
     may_cancel,
     promote,
     record_turn,
@@ -248,10 +250,13 @@ def test_speculative_work_swaps_victims_out_and_never_makes_them_recompute():
     # recompute only: nothing for speculative work, while a final turn of the same size
     # preempts as before
     assert decide(s, streams, fcfs, get_preemption("recompute")).preempt == ()
-    # ... until the engine stalls (nothing admitted, nothing running): then it is planned as
-    # committed work is (a client may wait for this prefill before it finishes)
-    stalled = decide(s._replace(stalled=STALL_STEPS), streams, fcfs, get_preemption("recompute"))
-    assert [p.sid for p in stalled.preempt] == ["b"]
+    # ... until the engine stalls (nothing admitted, nothing running) for `SPEC_STALL_S`
+    # seconds: then it is planned as committed work is (a client may wait for this prefill
+    # before it finishes)
+    brief = s._replace(stalled=STALL_STEPS, stalled_s=SPEC_STALL_S / 2)
+    assert decide(brief, streams, fcfs, get_preemption("recompute")).preempt == ()
+    stalled = brief._replace(stalled_s=SPEC_STALL_S)
+    assert [p.sid for p in decide(stalled, streams, fcfs, get_preemption("recompute")).preempt] == ["b"]  # fmt: skip
     final = streams | {"c2": streams["c2"]._replace(complete=True)}
     assert [p.sid for p in decide(s, final, fcfs, get_preemption("recompute")).preempt] == ["b"]
     # swap: b (lowest priority) fits the host pool and covers the 400 lacking
@@ -350,12 +355,18 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
     # the head asks what SGLang's admission asks: its extend and output, the extra, and the
     # evictable part of its prefix; after a stall, one token more than it finds free
     [w] = [w for w in s.waiting if w.rid == first.rid]
-    need = first.pending + s.admit_extra + w.prefix_free
+    lifted = s.stalled_s >= SPEC_STALL_S
+    speculative = is_speculative(first.rid) and not first.complete and not lifted
+    # speculative work leaves the reserve free for committed work
+    need = first.pending + s.admit_extra + w.prefix_free + (s.spec_reserve if speculative else 0)
     forced = need <= free_kv and s.stalled >= STALL_STEPS
     first = first._replace(pending=free_kv + 1 if forced else need)
     # the head first, as SGLang's admission takes it; then the others in the policy's order
     ranked = [first] + [v for v in policy.order(all_views) if v.rid != first.rid]
-    if free_kv + sum(v.reclaimable_kv for v in ranked[1:]) <= 0:  # no victim can make room
+    cap = free_kv + sum(v.reclaimable_kv for v in ranked[1:])
+    if cap <= 0:  # no victim can make room
+        return done._replace(planned=True)
+    if speculative and first.pending > cap and not forced:  # swaps would not admit it
         return done._replace(planned=True)
     step = plan(ranked, get_policy("default"), first.pending, free_kv)
     if step.kv_shortfall <= 0:
@@ -363,7 +374,6 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
     by_rid = {v.rid: v for v in all_views}
     preempt, host_free = [], s.host_free + sum(copies[sid].size for sid in swap_in)
     # a speculative head: swaps only, taken along the whole victim order, all or nothing
-    speculative = is_speculative(first.rid) and not first.complete and s.stalled < STALL_STEPS
     for rid in step.victims if speculative else choose_victims(step, by_rid):
         v = by_rid[rid]
         sid = rid if v.state == "idle" else stream_of(rid)
@@ -430,7 +440,8 @@ def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo
     free = rng.randint(0, 1_500)
     s = Snapshot(100.0, tuple(waiting_), slots, free, rng.randint(0, free), rng.choice([0, 0, 200]),
                  tuple(host), rng.randint(0, 1_000), rng.choice([0, 2, 17]),
-                 rng.choice([0, 0, 0, STALL_STEPS - 1, STALL_STEPS]))  # fmt: skip
+                 rng.choice([0, 0, 0, STALL_STEPS - 1, STALL_STEPS]),
+                 rng.choice([0.0, SPEC_STALL_S]), rng.choice([0, 0, 300]))  # fmt: skip
     return s, streams
 
 
@@ -544,3 +555,45 @@ def test_a_swapped_in_copy_is_evictable_prefix_that_the_head_locks():
     assert actions.swap_in == ("a",)
     # it asks 100 + 500 (the copy, locked) > 520 free: b is preempted
     assert actions.preempt == (Preempt("b", "recompute", 300),)
+
+
+def test_speculative_work_leaves_the_reserve_free_for_committed_work():
+    """A speculative head asks `spec_reserve` more than its own extend (swaps only); a final
+    turn of the same size asks only its own."""
+    fcfs, swap = get_policy("fcfs"), get_preemption("swap")
+    streams = {**STREAMS, "c2": StreamInfo(opened=0.5, last_chunk=0.5)}  # ranks first
+    spec = snap(waiting(turn_rid("c2", 2), 500, max_new=0), slots=[idle("a", 400), idle("b", 300)],
+                free_kv=700, host_free=1_000)  # fmt: skip
+    assert decide(spec, streams, fcfs, swap).preempt == ()  # 500 fits in 700
+    reserved = spec._replace(spec_reserve=300)  # 500 + 300 does not: b (lowest) is swapped
+    assert decide(reserved, streams, fcfs, swap).preempt == (Preempt("b", "swap", 300),)
+    final = streams | {"c2": streams["c2"]._replace(complete=True)}
+    assert decide(reserved, final, fcfs, swap).preempt == ()
+    # more than every holder could free: no swap would admit it, so none is done
+    assert decide(spec._replace(spec_reserve=1_000), streams, fcfs, swap).preempt == ()
+
+
+def test_hold_keeps_speculative_turns_out_of_the_reserve():
+    """`hold` walks the queue as SGLang's admission does: committed work is charged, a
+    speculative turn that does not fit in the free KV less the reserve is held."""
+    streams = {**STREAMS, "d": StreamInfo(opened=4.0, last_chunk=8.0)}
+    s = snap(
+        waiting(final_rid("c"), 400, max_new=0),
+        waiting(turn_rid("a", 2), 1_000, max_new=0),  # a's slot holds 700: it needs 300
+        waiting(turn_rid("b", 2), 400, max_new=0),
+        waiting(volatile_rid("d", 3), 100, max_new=0),
+        slots=[SlotView("a", 700, 700, inflight=True)],
+        free_kv=1_000,
+    )
+    order = [w.rid for w in s.waiting]
+    assert hold(s, streams, order) == ()  # no reserve: SGLang admits what fits
+    r = s._replace(spec_reserve=300)  # 700 to share: c 400, a 300, then b and d do not fit
+    assert hold(r, streams, order) == (turn_rid("b", 2), volatile_rid("d", 3))
+    # in another order the other turns are charged first
+    assert hold(r, streams, order[::-1]) == (turn_rid("a", 2),)
+    # a promoted turn is committed work: charged, never held
+    done = streams | {"b": streams["b"]._replace(complete=True)}
+    assert hold(r, done, order) == (volatile_rid("d", 3),)
+    # the chunked request's next chunk comes first; a long stall lifts the hold
+    assert hold(r._replace(chunked_next=300), streams, order)[0] == turn_rid("a", 2)
+    assert hold(r._replace(stalled_s=SPEC_STALL_S), streams, order) == ()
