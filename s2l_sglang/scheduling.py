@@ -87,6 +87,8 @@ class SchedCounters:
     #: stalls that lasted `SPEC_STALL_S` (`sched.decide.lifted`): speculative work was then
     #: planned as committed work (no reserve, victims recomputed where not swapped)
     stall_lifts: int = 0
+    #: KV tokens released by recompute for speculative work (only ever after such a stall)
+    tokens_preempted_for_speculative: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -292,6 +294,8 @@ class StreamScheduling:
             else:
                 c.preemptions_recompute += 1
                 c.tokens_preempted += tokens
+                if actions.for_speculative:
+                    c.tokens_preempted_for_speculative += tokens
             self._count_metric(mode, tokens)
             released.append(f"{sid} ({mode})")
         if released:

@@ -127,6 +127,8 @@ class Actions(NamedTuple):
     #: the preemptions were forced by a stall: the head fit the KV as counted here, yet
     #: SGLang admitted nothing for `STALL_STEPS` steps while nothing ran
     forced: bool = False
+    #: the head the preemptions make room for is speculative work (after a stall too)
+    for_speculative: bool = False
 
 
 #: steps in a row with nothing admitted and nothing running after which the head is taken not
@@ -138,7 +140,7 @@ STALL_STEPS = 16
 #: reserve, victims recomputed): a stall of held speculative work on an idle engine is the
 #: reserve at work, not a fault, and ends when a stream finishes; it is lifted for a client
 #: that waits for its context to be prefilled before it finishes (it would wait for ever)
-SPEC_STALL_S = 1.0
+SPEC_STALL_S = 5.0
 
 _ALL = 1 << 62  # a shortfall no victims cover: `_victims` then returns every holder
 
@@ -388,7 +390,11 @@ def decide(
             break
     if speculative and freed < shortfall:
         preempt = []  # it waits for KV that committed work releases (or for its finish)
-    return Actions(drop, tuple(swap_in), tuple(preempt), shortfall, True, forced and bool(preempt))
+    head_speculative = is_speculative(first.rid) and not first.complete
+    return Actions(
+        drop, tuple(swap_in), tuple(preempt), shortfall, True, forced and bool(preempt),
+        head_speculative and bool(preempt),
+    )  # fmt: skip
 
 
 def lifted(snap: Snapshot) -> bool:

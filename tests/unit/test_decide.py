@@ -388,7 +388,9 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
             break
     if speculative and sum(p.tokens for p in preempt) < step.kv_shortfall:
         preempt = []
-    return Actions(drop, tuple(swap_in), tuple(preempt), step.kv_shortfall, True, forced and bool(preempt))  # fmt: skip
+    head_speculative = is_speculative(first.rid) and not first.complete
+    return Actions(drop, tuple(swap_in), tuple(preempt), step.kv_shortfall, True, forced and bool(preempt),
+                   head_speculative and bool(preempt))  # fmt: skip
 
 
 def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo]]:
