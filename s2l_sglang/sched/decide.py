@@ -414,26 +414,33 @@ def hold(
     does, the budget is the free KV less the chunked request's next chunk and the reserve;
     committed work is charged what its admission asks, and a speculative turn (a turn of a
     context not final, volatile tails included) that does not fit in what is left is held,
-    one that fits is charged. Nothing is held without a reserve or after a long stall
+    one that fits is charged. A speculative turn is charged its whole context beyond what
+    its stream's slot holds, its prefix hit included: its admission locks that prefix
+    (evictable KV, counted free), and SGLang's last match may predate the swap-in of the
+    stream's host copy (counting only the hit SGLang reported let such turns take the
+    reserve). Nothing is held without a reserve or after a long stall
     (`lifted`: as `decide` then plans speculative work as committed). A held turn waits in
     the queue; `decide`'s swaps, a stream's finish (its turns are promoted or replaced), or
     KV that committed work releases let it in later."""
     if snap.spec_reserve <= 0 or lifted(snap):
         return ()
     views_ = _waiting_views(snap, streams)
-    by_rid = {v.rid: (v, w.prefix_free) for v, w in zip(views_, snap.waiting, strict=True)}
+    by_rid = {v.rid: (v, w) for v, w in zip(views_, snap.waiting, strict=True)}
     budget = snap.free_kv - snap.chunked_next - snap.spec_reserve
     held: list[str] = []
     for rid in order if order is not None else by_rid:
         entry = by_rid.get(rid)
         if entry is None:
             continue
-        view, prefix_free = entry
-        need = view.pending + snap.admit_extra + prefix_free
-        if is_speculative(rid) and not view.complete and need > budget:
-            held.append(rid)
+        view, w = entry
+        if is_speculative(rid) and not view.complete:
+            need = max(w.prompt_len - view.held, 1) + w.max_new + snap.admit_extra
+            if need > budget:
+                held.append(rid)
+                continue
         else:
-            budget -= need
+            need = view.pending + snap.admit_extra + w.prefix_free
+        budget -= need
     return tuple(held)
 
 

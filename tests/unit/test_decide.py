@@ -599,3 +599,8 @@ def test_hold_keeps_speculative_turns_out_of_the_reserve():
     # the chunked request's next chunk comes first; a long stall lifts the hold
     assert hold(r._replace(chunked_next=300), streams, order)[0] == turn_rid("a", 2)
     assert hold(r._replace(stalled_s=SPEC_STALL_S), streams, order) == ()
+    # a speculative turn is charged its prefix hit too: its admission locks that KV, and the
+    # hit SGLang reported may predate a swap-in of its stream's copy
+    hit = r._replace(waiting=(waiting(turn_rid("b", 2), 400, hit=300, max_new=0),), free_kv=650)
+    assert hold(hit, streams) == (turn_rid("b", 2),)  # 400 > 650 - 300
+    assert hold(hit._replace(free_kv=700), streams) == ()
