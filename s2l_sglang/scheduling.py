@@ -84,8 +84,8 @@ class SchedCounters:
     #: speculative turns kept out of an admission at least once, so that speculative KV
     #: leaves `spec_reserve` free for committed work (`sched.decide.hold`)
     turns_held_for_kv: int = 0
-    #: stalls that lasted `SPEC_STALL_S` (`sched.decide.lifted`): speculative work could then
-    #: use the reserve (and, after `SPEC_RECOMPUTE_S`, make victims recompute)
+    #: stalls that lasted `SPEC_STALL_S` (`sched.decide.lifted`): speculative work was then
+    #: planned as committed work (no reserve, victims recomputed where not swapped)
     stall_lifts: int = 0
     #: KV tokens released by recompute for speculative work (only ever after such a stall)
     tokens_preempted_for_speculative: int = 0

@@ -19,7 +19,7 @@ One scheduling step, before SGLang builds a prefill batch:
    is speculative work (a turn of a context not final yet) only swaps its victims out, and
    only when swaps cover its shortfall and `spec_reserve`: speculative work never makes
    another stream recompute what it holds (unless the engine has stalled a while: nothing
-   admitted, nothing running; `lifted`, `SPEC_RECOMPUTE_S`).
+   admitted, nothing running; `lifted`).
 The waiting queue's order is a separate decision (`decide_order`, at SGLang's
 `calc_priority`), and so are the speculative turns kept out of that step's admission so that
 speculative KV leaves `spec_reserve` free (`hold`), and the cancellation of a stale
@@ -136,16 +136,11 @@ class Actions(NamedTuple):
 #: (which nothing would end), lowest priority first, one victim's worth per stall
 STALL_STEPS = 16
 
-#: seconds a stall (nothing admitted, nothing running) must last before speculative work may
-#: use the reserve (`lifted`), and before it may also make victims recompute
-#: (`SPEC_RECOMPUTE_S`): a stall of held speculative work on an idle engine is the reserve at
-#: work, not a fault, and ends when a stream finishes; the reserve is lifted for a client that
-#: waits for its context to be prefilled before it finishes (it would wait for ever), and the
-#: recompute for the same client when swaps cannot make room. After 1 s, lifts came 19-21
-#: times per replay of memory-pressure-tails (a final context comes every 2 s there) and each
-#: recomputed several streams' KV.
-SPEC_STALL_S = 2.0
-SPEC_RECOMPUTE_S = 5.0
+#: seconds a stall must last before speculative work is planned as committed work is (no
+#: reserve, victims recomputed): a stall of held speculative work on an idle engine is the
+#: reserve at work, not a fault, and ends when a stream finishes; it is lifted for a client
+#: that waits for its context to be prefilled before it finishes (it would wait for ever)
+SPEC_STALL_S = 5.0
 
 _ALL = 1 << 62  # a shortfall no victims cover: `_victims` then returns every holder
 
@@ -294,9 +289,8 @@ def decide(
     (speculative KV leaves that much free for committed work, as `hold` keeps it) and gets
     only swaps: its victims, in the same order, are those the `Preemption` would swap, up to
     its shortfall; when they cannot cover it, nothing is preempted and it waits (`hold`
-    keeps it out of the admission; its stream's finish promotes or replaces it). After a
-    stall of `SPEC_STALL_S` it asks no reserve (`lifted`), after `SPEC_RECOMPUTE_S` it is
-    planned as committed work is. The
+    keeps it out of the admission; its stream's finish promotes or replaces it), unless the
+    engine has stalled long enough (`lifted`): then it is planned as committed work is. The
     motive: preempting idle streams by recompute for speculative work let streams evict one
     another's KV in turn under memory pressure, and speculative KV that filled the pool made
     every final turn preempt (recompute) another stream's.
@@ -346,16 +340,13 @@ def decide(
     # Speculative work (a turn of a context not final, not promoted) never throws another
     # stream's KV away, and leaves `spec_reserve` free: its victims are swapped, lowest
     # priority first, and only if swaps cover its shortfall. Not after a long stall
-    # (`lifted`: no reserve; `SPEC_RECOMPUTE_S`: recompute too): then the KV is idle, and a
-    # client that waits for its context to be prefilled before it finishes would otherwise
-    # wait for ever.
-    speculative = (
-        is_speculative(first.rid) and not first.complete and snap.stalled_s < SPEC_RECOMPUTE_S
-    )
+    # (`lifted`): then the KV is idle, and a client that waits for its context to be
+    # prefilled before it finishes would otherwise wait for ever.
+    speculative = is_speculative(first.rid) and not first.complete and not lifted(snap)
     # What SGLang's admission of the head asks: its extend and output budget, a page, the
     # strict test, and the evictable part of its prefix (locked while it is admitted).
     need = first.pending + snap.admit_extra + snap.waiting[hi].prefix_free
-    if speculative and not lifted(snap):
+    if speculative:
         need += snap.spec_reserve
     forced = need <= free_kv and snap.stalled >= STALL_STEPS
     if forced:
@@ -408,8 +399,8 @@ def decide(
 
 def lifted(snap: Snapshot) -> bool:
     """The engine has stalled long enough (`SPEC_STALL_S` seconds with nothing admitted while
-    nothing ran) for speculative work to use the reserve (victims are recomputed for it only
-    after `SPEC_RECOMPUTE_S`)."""
+    nothing ran) for speculative work to be planned as committed work is: no reserve, and
+    victims recomputed where they cannot be swapped."""
     return snap.stalled_s >= SPEC_STALL_S
 
 
@@ -428,7 +419,7 @@ def hold(
     (evictable KV, counted free), and SGLang's last match may predate the swap-in of the
     stream's host copy (counting only the hit SGLang reported let such turns take the
     reserve). Nothing is held without a reserve or after a long stall
-    (`lifted`: `decide` then asks no reserve for it either). A held turn waits in
+    (`lifted`: as `decide` then plans speculative work as committed). A held turn waits in
     the queue; `decide`'s swaps, a stream's finish (its turns are promoted or replaced), or
     KV that committed work releases let it in later."""
     if snap.spec_reserve <= 0 or lifted(snap):

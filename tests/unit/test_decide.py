@@ -21,7 +21,6 @@ from s2l_sglang.rid import (
 )
 from s2l_sglang.sched.decide import (
     NOTHING,
-    SPEC_RECOMPUTE_S,
     SPEC_STALL_S,
     STALL_STEPS,
     Actions,
@@ -251,12 +250,12 @@ def test_speculative_work_swaps_victims_out_and_never_makes_them_recompute():
     # recompute only: nothing for speculative work, while a final turn of the same size
     # preempts as before
     assert decide(s, streams, fcfs, get_preemption("recompute")).preempt == ()
-    # ... until the engine stalls (nothing admitted, nothing running) for `SPEC_RECOMPUTE_S`
+    # ... until the engine stalls (nothing admitted, nothing running) for `SPEC_STALL_S`
     # seconds: then it is planned as committed work is (a client may wait for this prefill
     # before it finishes)
-    brief = s._replace(stalled=STALL_STEPS, stalled_s=SPEC_STALL_S)
+    brief = s._replace(stalled=STALL_STEPS, stalled_s=SPEC_STALL_S / 2)
     assert decide(brief, streams, fcfs, get_preemption("recompute")).preempt == ()
-    stalled = brief._replace(stalled_s=SPEC_RECOMPUTE_S)
+    stalled = brief._replace(stalled_s=SPEC_STALL_S)
     assert [p.sid for p in decide(stalled, streams, fcfs, get_preemption("recompute")).preempt] == ["b"]  # fmt: skip
     final = streams | {"c2": streams["c2"]._replace(complete=True)}
     assert [p.sid for p in decide(s, final, fcfs, get_preemption("recompute")).preempt] == ["b"]
@@ -357,12 +356,9 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
     # evictable part of its prefix; after a stall, one token more than it finds free
     [w] = [w for w in s.waiting if w.rid == first.rid]
     lifted = s.stalled_s >= SPEC_STALL_S
-    speculative = (
-        is_speculative(first.rid) and not first.complete and s.stalled_s < SPEC_RECOMPUTE_S
-    )
-    # speculative work leaves the reserve free for committed work, unless a stall lifted it
-    reserve = s.spec_reserve if speculative and not lifted else 0
-    need = first.pending + s.admit_extra + w.prefix_free + reserve
+    speculative = is_speculative(first.rid) and not first.complete and not lifted
+    # speculative work leaves the reserve free for committed work
+    need = first.pending + s.admit_extra + w.prefix_free + (s.spec_reserve if speculative else 0)
     forced = need <= free_kv and s.stalled >= STALL_STEPS
     first = first._replace(pending=free_kv + 1 if forced else need)
     # the head first, as SGLang's admission takes it; then the others in the policy's order
@@ -447,7 +443,7 @@ def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo
     s = Snapshot(100.0, tuple(waiting_), slots, free, rng.randint(0, free), rng.choice([0, 0, 200]),
                  tuple(host), rng.randint(0, 1_000), rng.choice([0, 2, 17]),
                  rng.choice([0, 0, 0, STALL_STEPS - 1, STALL_STEPS]),
-                 rng.choice([0.0, SPEC_STALL_S, SPEC_RECOMPUTE_S]), rng.choice([0, 0, 300]))  # fmt: skip
+                 rng.choice([0.0, SPEC_STALL_S]), rng.choice([0, 0, 300]))  # fmt: skip
     return s, streams
 
 
@@ -577,8 +573,6 @@ def test_speculative_work_leaves_the_reserve_free_for_committed_work():
     assert decide(reserved, final, fcfs, swap).preempt == ()
     # more than every holder could free: no swap would admit it, so none is done
     assert decide(spec._replace(spec_reserve=1_000), streams, fcfs, swap).preempt == ()
-    # a stall of SPEC_STALL_S lifts the reserve: 500 fits in 700 again
-    assert decide(reserved._replace(stalled_s=SPEC_STALL_S), streams, fcfs, swap).preempt == ()
 
 
 def test_hold_keeps_speculative_turns_out_of_the_reserve():
