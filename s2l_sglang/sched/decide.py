@@ -139,7 +139,9 @@ STALL_STEPS = 16
 #: seconds a stall must last before speculative work is planned as committed work is (no
 #: reserve, victims recomputed): a stall of held speculative work on an idle engine is the
 #: reserve at work, not a fault, and ends when a stream finishes; it is lifted for a client
-#: that waits for its context to be prefilled before it finishes (it would wait for ever)
+#: that waits for its context to be prefilled before it finishes (it would wait for ever).
+#: After 1 s, lifts came 19-21 times per replay of memory-pressure-tails (a final context
+#: comes every 2 s there), each letting speculative work take the reserve and recompute others.
 SPEC_STALL_S = 5.0
 
 _ALL = 1 << 62  # a shortfall no victims cover: `_victims` then returns every holder
