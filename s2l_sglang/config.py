@@ -84,7 +84,6 @@ class StreamConfig:
             raise ValueError(
                 f"speculative_chunk must be a positive integer: {self.speculative_chunk!r}"
             )
-
         if self.speculative_reserve is not None and (
             not isinstance(self.speculative_reserve, int) or self.speculative_reserve < 0
         ):

@@ -228,8 +228,9 @@ class StreamScheduling:
         if holding:
             held = hold(snap, self.streams, order)
             if held:
-                self.held.extend(adapter.hold_out(scheduler, held))
-                self.all_held = not adapter.waiting_rids(scheduler)
+                taken = adapter.hold_out(scheduler, held)
+                self.held.extend(taken)
+                self.all_held = len(taken) == len(rids)
                 new = set(held) - self.held_rids
                 self.counters.turns_held_for_kv += len(new)
                 self.held_rids |= new

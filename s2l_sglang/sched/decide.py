@@ -344,7 +344,8 @@ def decide(
     # priority first, and only if swaps cover its shortfall. Not after a long stall
     # (`lifted`): then the KV is idle, and a client that waits for its context to be
     # prefilled before it finishes would otherwise wait for ever.
-    speculative = is_speculative(first.rid) and not first.complete and not lifted(snap)
+    head_speculative = is_speculative(first.rid) and not first.complete
+    speculative = head_speculative and not lifted(snap)
     # What SGLang's admission of the head asks: its extend and output budget, a page, the
     # strict test, and the evictable part of its prefix (locked while it is admitted).
     need = first.pending + snap.admit_extra + snap.waiting[hi].prefix_free
@@ -392,7 +393,6 @@ def decide(
             break
     if speculative and freed < shortfall:
         preempt = []  # it waits for KV that committed work releases (or for its finish)
-    head_speculative = is_speculative(first.rid) and not first.complete
     return Actions(
         drop, tuple(swap_in), tuple(preempt), shortfall, True, forced and bool(preempt),
         head_speculative and bool(preempt),
