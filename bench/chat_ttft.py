@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,15 +27,11 @@ import openai
 import orjson
 import requests
 
+from s2l_sglang.procs import free_port_block
+
 KEY = "bench-chat-ttft"
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = {"role": "user", "content": "What does the plugin hook on the scheduler?"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _first_token_s(stream, t0: float) -> float:
@@ -53,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--chars", type=int, default=7000, help="context: this much of docs/design.md")
     args = p.parse_args(argv)
-    port = _free_port()
+    port = free_port_block(1)
     url = f"http://127.0.0.1:{port}"
     serve = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", "127.0.0.1"]
     serve += ["--port", str(port), "--api-key", KEY, "--dtype", "bfloat16", "--log-level", "error"]

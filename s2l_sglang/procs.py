@@ -4,8 +4,11 @@ reading of the command-line options they are started with."""
 
 from __future__ import annotations
 
+import http.client
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,12 +19,44 @@ from dataclasses import dataclass, field
 
 
 def healthy(url: str) -> bool:
-    """`url` answers 200: an instance's /health, the router's /readiness (workers registered)."""
+    """`url` answers 200: an instance's /health, the router's /readiness (workers registered).
+    Anything else is not healthy: no answer, an error status, or an answer that is not HTTP (a
+    poll of a port nothing listens on yet can connect to itself and read its own request)."""
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             return resp.status == 200
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
         return False
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux; its default elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port_block(n: int, host: str = "127.0.0.1") -> int:
+    """A base port with `n` consecutive ports free on `host`, all below the ephemeral range: a
+    port in it can be taken by any outgoing connection (the health polls included) before the
+    server that is to listen there binds it."""
+    low, _ = _ephemeral_range()
+    top = min(low, 65536) - n
+    if top <= 10000:
+        raise RuntimeError(f"no room for {n} ports below the ephemeral range ({low})")
+    for _ in range(200):
+        base = random.randrange(10000, top)
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind((host, port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no block of {n} free ports on {host}")
 
 
 @dataclass(kw_only=True)

@@ -92,7 +92,9 @@ def serving(extra_argv: list[str], timeout_s: float = 300, env: dict | None = No
 
     import requests
 
-    port = _free_port()
+    from s2l_sglang.procs import free_port_block
+
+    port = free_port_block(1)
     argv = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--max-total-tokens", "16384", "--log-level", "error"]
     argv += ["--api-key", API_KEY, *extra_argv]
@@ -124,14 +126,6 @@ def serving(extra_argv: list[str], timeout_s: float = 300, env: dict | None = No
             os.killpg(proc.pid, signal.SIGKILL)
         if out is not None:
             out.close()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 API_KEY = "s2l-test-key"

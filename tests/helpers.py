@@ -91,23 +91,3 @@ class StreamCalls:
 
         kw.setdefault("timeout", 60)
         return requests.get(f"{self.url}/stream/{sid}", headers=self.for_stream(sid), **kw)
-
-
-def free_port_block(n: int) -> int:
-    """A base port with n consecutive free ports from it (loopback)."""
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no block of free ports")

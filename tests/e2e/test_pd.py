@@ -19,8 +19,8 @@ import requests
 from frontend.client import StreamClient
 from frontend.errors import InvalidSamplingParams, StreamAPIError, StreamClosed, UnknownStream
 from s2l_sglang.pd.relay import prefill_urls
+from s2l_sglang.procs import free_port_block
 from tests.e2e.test_stream_http import CONTEXT, GREEDY, QUESTION, reference_ids
-from tests.helpers import free_port_block
 
 pytestmark = pytest.mark.engine
 

@@ -24,9 +24,9 @@ import requests
 
 from frontend.client import StreamClient
 from frontend.errors import StreamAPIError
+from s2l_sglang.procs import free_port_block
 from tests.conftest import API_KEY
 from tests.e2e.test_dp import DOCS, GREEDY, QUESTION  # the same texts as on two DP ranks
-from tests.helpers import free_port_block
 
 pytestmark = pytest.mark.engine
 
