@@ -17,7 +17,8 @@ One scheduling step, before SGLang builds a prefill batch:
    for its own held tokens. This is `planner.plan`'s decision for a budget of that one
    admission, computed without ordering and planning every request each step. A head that
    is speculative work (a turn of a context not final yet) only swaps its victims out, and
-   only when swaps cover its shortfall and `spec_reserve`: speculative work never makes
+   only when swaps cover its shortfall and `spec_reserve` (and leave `spec_reserve` of the
+   host pool free): speculative work never makes
    another stream recompute what it holds (unless the engine has stalled a while: nothing
    admitted, nothing running; `lifted`).
 The waiting queue's order is a separate decision (`decide_order`, at SGLang's
@@ -289,7 +290,8 @@ def decide(
 
     A speculative head (a stream turn whose context is not final) asks `spec_reserve` more
     (speculative KV leaves that much free for committed work, as `hold` keeps it) and gets
-    only swaps: its victims, in the same order, are those the `Preemption` would swap, up to
+    only swaps: its victims, in the same order, are those the `Preemption` would swap into
+    the host pool less `spec_reserve` (kept free for a later committed head's victims), up to
     its shortfall; when they cannot cover it, nothing is preempted and it waits (`hold`
     keeps it out of the admission; its stream's finish promotes or replaces it), unless the
     engine has stalled long enough (`lifted`): then it is planned as committed work is. The
@@ -377,12 +379,15 @@ def decide(
     victims = _victims(policy, others, _ALL if speculative else shortfall)
     preempt: list[Preempt] = []
     host_free = snap.host_free + sum(copies[s].size for s in swap_in)
+    # speculative work leaves `spec_reserve` of the host pool free too: a committed head
+    # that comes later can then swap its victim out rather than recompute it
+    host_kept = snap.spec_reserve if speculative else 0
     freed = 0
     for view in victims:
         sid = view.rid if view.state == "idle" else stream_of(view.rid)
         if not view.reclaimable_kv or sid is None or sid not in snap.slots:
             continue
-        mode = preemption.decide(view.reclaimable_kv, host_free)
+        mode = preemption.decide(view.reclaimable_kv, host_free - host_kept)
         if speculative and mode != "swap":
             continue
         if mode == "swap":

@@ -379,7 +379,10 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
         sid = rid if v.state == "idle" else stream_of(rid)
         if not v.reclaimable_kv or sid not in s.slots:
             continue
-        mode = preemption.decide(v.reclaimable_kv, host_free)
+        # speculative work leaves the reserve free in the host pool too
+        mode = preemption.decide(
+            v.reclaimable_kv, host_free - (s.spec_reserve if speculative else 0)
+        )
         if speculative and mode != "swap":
             continue
         host_free -= v.reclaimable_kv if mode == "swap" else 0
@@ -573,6 +576,12 @@ def test_speculative_work_leaves_the_reserve_free_for_committed_work():
     assert decide(reserved, final, fcfs, swap).preempt == ()
     # more than every holder could free: no swap would admit it, so none is done
     assert decide(spec._replace(spec_reserve=1_000), streams, fcfs, swap).preempt == ()
+    # the host pool keeps the reserve free of speculative work's victims too: with 500 of
+    # it free, b (300) cannot go there beside a reserve of 300; a final turn swaps it
+    small_host = reserved._replace(host_free=500)
+    assert decide(small_host, streams, fcfs, swap).preempt == ()
+    lacking = small_host._replace(free_kv=400)  # a final turn of 500 lacks 100: b is swapped
+    assert decide(lacking, final, fcfs, swap).preempt == (Preempt("b", "swap", 300),)
 
 
 def test_hold_keeps_speculative_turns_out_of_the_reserve():
