@@ -44,7 +44,7 @@ def free_port_block(n: int, host: str = "127.0.0.1") -> int:
     port in it can be taken by any outgoing connection (the health polls included) before the
     server that is to listen there binds it."""
     low, _ = _ephemeral_range()
-    top = min(low, 65536) - n
+    top = low - n
     if top <= 10000:
         raise RuntimeError(f"no room for {n} ports below the ephemeral range ({low})")
     for _ in range(200):

@@ -18,9 +18,8 @@ One scheduling step, before SGLang builds a prefill batch:
    admission, computed without ordering and planning every request each step. A head that
    is speculative work (a turn of a context not final yet) only swaps its victims out, and
    only when swaps cover its shortfall and `spec_reserve` (and leave `spec_reserve` of the
-   host pool free): speculative work never makes
-   another stream recompute what it holds (unless the engine has stalled a while: nothing
-   admitted, nothing running; `lifted`).
+   host pool free): speculative work never makes another stream recompute what it holds
+   (unless the engine has stalled a while: nothing admitted, nothing running; `lifted`).
 The waiting queue's order is a separate decision (`decide_order`, at SGLang's
 `calc_priority`), and so are the speculative turns kept out of that step's admission so that
 speculative KV leaves `spec_reserve` free (`hold`), and the cancellation of a stale
@@ -348,11 +347,12 @@ def decide(
     # prefilled before it finishes would otherwise wait for ever.
     head_speculative = is_speculative(first.rid) and not first.complete
     speculative = head_speculative and not lifted(snap)
+    # what speculative work leaves free, of the KV pool and of the host pool alike: a
+    # committed head that comes later can then swap its victim out rather than recompute it
+    reserve = snap.spec_reserve if speculative else 0
     # What SGLang's admission of the head asks: its extend and output budget, a page, the
     # strict test, and the evictable part of its prefix (locked while it is admitted).
-    need = first.pending + snap.admit_extra + snap.waiting[hi].prefix_free
-    if speculative:
-        need += snap.spec_reserve
+    need = first.pending + snap.admit_extra + snap.waiting[hi].prefix_free + reserve
     forced = need <= free_kv and snap.stalled >= STALL_STEPS
     if forced:
         need = free_kv + 1  # the count was wrong somewhere: free one victim's KV
@@ -379,15 +379,12 @@ def decide(
     victims = _victims(policy, others, _ALL if speculative else shortfall)
     preempt: list[Preempt] = []
     host_free = snap.host_free + sum(copies[s].size for s in swap_in)
-    # speculative work leaves `spec_reserve` of the host pool free too: a committed head
-    # that comes later can then swap its victim out rather than recompute it
-    host_kept = snap.spec_reserve if speculative else 0
     freed = 0
     for view in victims:
         sid = view.rid if view.state == "idle" else stream_of(view.rid)
         if not view.reclaimable_kv or sid is None or sid not in snap.slots:
             continue
-        mode = preemption.decide(view.reclaimable_kv, host_free - host_kept)
+        mode = preemption.decide(view.reclaimable_kv, host_free - reserve)
         if speculative and mode != "swap":
             continue
         if mode == "swap":

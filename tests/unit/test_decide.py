@@ -357,8 +357,9 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
     [w] = [w for w in s.waiting if w.rid == first.rid]
     lifted = s.stalled_s >= SPEC_STALL_S
     speculative = is_speculative(first.rid) and not first.complete and not lifted
-    # speculative work leaves the reserve free for committed work
-    need = first.pending + s.admit_extra + w.prefix_free + (s.spec_reserve if speculative else 0)
+    # speculative work leaves the reserve free for committed work, in KV and host pool alike
+    reserve = s.spec_reserve if speculative else 0
+    need = first.pending + s.admit_extra + w.prefix_free + reserve
     forced = need <= free_kv and s.stalled >= STALL_STEPS
     first = first._replace(pending=free_kv + 1 if forced else need)
     # the head first, as SGLang's admission takes it; then the others in the policy's order
@@ -379,10 +380,7 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
         sid = rid if v.state == "idle" else stream_of(rid)
         if not v.reclaimable_kv or sid not in s.slots:
             continue
-        # speculative work leaves the reserve free in the host pool too
-        mode = preemption.decide(
-            v.reclaimable_kv, host_free - (s.spec_reserve if speculative else 0)
-        )
+        mode = preemption.decide(v.reclaimable_kv, host_free - reserve)
         if speculative and mode != "swap":
             continue
         host_free -= v.reclaimable_kv if mode == "swap" else 0
