@@ -1,0 +1,56 @@
+"""`python -m bench.by_chunks RESULTS`: speedups over waiting for the queries of one chunk, of
+two or more, and of all."""
+
+from __future__ import annotations
+
+from bench import by_chunks
+from bench.harness.report import write_json
+
+
+def _run(mode: str, ttft: dict[str, float], chunks: dict[str, int]) -> dict:
+    queries = [{"query": q, "chunks": chunks[q], "ttft": t} for q, t in ttft.items()]
+    return {"workload": "crawler", "rate": 0.4, "mode": mode, "queries": queries}
+
+
+def _result() -> dict:
+    """20 one-chunk queries that streaming makes 1.25x slower (5 s against waiting's 4 s)
+    and 20 of two chunks that it makes 2x faster; one stream query got no first token."""
+    chunks = {f"a{i}": 1 for i in range(20)} | {f"b{i}": 2 for i in range(20)}
+    wait = {f"a{i}": 4.0 + i / 100 for i in range(20)} | {f"b{i}": 4.0 + i / 100 for i in range(20)}
+    stream = {q: t * (1.25 if q[0] == "a" else 0.5) for q, t in wait.items()}
+    stream["b19"] = None
+    return {"config": {"seed": 0}, "runs": [_run("wait", wait, chunks), _run("stream-fcfs", stream, chunks)]}  # fmt: skip
+
+
+def _rows(lines: list[str]) -> dict[str, list[str]]:
+    out = {}
+    for line in lines[2:]:
+        cols = [c.strip() for c in line.strip("|").split("|")]
+        out[cols[3]] = cols[4:]
+    return out
+
+
+def test_each_group_gets_its_own_speedup_over_waiting():
+    rows = _rows(by_chunks.table(_result()))
+    assert set(rows) == {"1 chunk", "2+ chunks", "all"}
+    n, p50, p95 = rows["1 chunk"]
+    assert n == "20" and p50.startswith("0.80x")  # 4 s / 5 s: slower than waiting
+    n, p50, _ = rows["2+ chunks"]
+    assert n == "20" and p50.startswith("2.00x")
+    n, _, _ = rows["all"]
+    assert n == "40"
+
+
+def test_waiting_itself_and_runs_without_a_wait_baseline_are_not_listed():
+    result = _result()
+    assert all("`wait`" not in line for line in by_chunks.table(result)[2:])
+    result["runs"] = result["runs"][1:]  # no wait run
+    assert by_chunks.table(result)[2:] == []
+
+
+def test_main_prints_a_table_per_file(tmp_path, capsys):
+    write_json(_result(), tmp_path / "results.json")
+    by_chunks.main([str(tmp_path / "results.json")])
+    out = capsys.readouterr().out
+    assert f"## {tmp_path / 'results.json'}" in out
+    assert "| crawler | 0.4 | `stream-fcfs` | 1 chunk | 20 | 0.80x" in out
