@@ -3,9 +3,11 @@
     .venv/bin/python -m bench.by_chunks RESULTS.json [RESULTS.json ...]
 
 A query whose context came in one chunk has no speculative work of its own: streaming cannot
-speed it up, only other streams' speculative work can slow it down. Its speedup over `wait`
-is therefore a direct measure of the rule that committed work never waits for speculative
-work (more than one chunk); the queries of two or more chunks show what streaming gains.
+speed it up, only what other streams do can slow it down (their speculative work, and the
+ranks the policy gives their final turns: under fcfs a stream ranks by its first chunk, so
+streams opened earlier go first). Its speedup over `wait` is therefore what streaming costs a
+final context, where the rule is that committed work never waits for speculative work by more
+than one chunk; the queries of two or more chunks show what streaming gains.
 Prints, per run, workload, rate and mode, the TTFT speedup over `wait` at p50 and p95 (with
 the harness's paired bootstrap interval, `bench.harness.stats.speedup_ci`) for the queries of
 one chunk, of two or more, and of all.
@@ -14,35 +16,19 @@ one chunk, of two or more, and of all.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
-from bench.harness.aggregate import ttft_of
+from bench.harness.aggregate import BASELINE, by_query, one_chunk
 from bench.harness.report import read_json
 from bench.harness.stats import speedup_ci
 
 GROUPS: dict[str, Callable[[int], bool]] = {
-    "1 chunk": lambda n: n == 1,
+    "1 chunk": one_chunk,
     "2+ chunks": lambda n: n >= 2,
     "all": lambda n: True,
 }
 KEYS = ("p50", "p95")
-
-
-def ttfts(runs: Iterable[dict]) -> dict[tuple[str, float, str], dict[str, list[float]]]:
-    """(workload, rate, mode) -> query id -> its TTFTs over the repeats (+inf: no first
-    token, as the harness counts a failure)."""
-    out: dict[tuple[str, float, str], dict[str, list[float]]] = {}
-    for run in runs:
-        key = (run["workload"], run["rate"], run["mode"])
-        for q in run.get("queries") or []:
-            out.setdefault(key, {}).setdefault(q["query"], []).append(ttft_of(q))
-    return out
-
-
-def chunk_counts(runs: Iterable[dict]) -> dict[str, int]:
-    """query id -> the number of chunks its context came in."""
-    return {q["query"]: int(q["chunks"]) for run in runs for q in run.get("queries") or []}
 
 
 def _cell(ci: dict) -> str:
@@ -53,26 +39,24 @@ def _cell(ci: dict) -> str:
 
 def table(result: dict, seed: int = 0) -> list[str]:
     """Markdown rows: one per workload, rate, mode (not `wait`) and group of queries."""
-    runs = result["runs"]
-    by_key, chunks = ttfts(runs), chunk_counts(runs)
+    groups: dict[tuple[str, float, str], list[dict]] = {}
+    for run in result["runs"]:
+        groups.setdefault((run["workload"], run["rate"], run["mode"]), []).append(run)
     lines = [
         "| workload | QPS | mode | queries | n | speedup p50 [95% CI] | p95 |",
         "|---|---:|---|---|---:|---:|---:|",
     ]
-    for (workload, rate, mode), per_query in sorted(by_key.items()):
-        base = by_key.get((workload, rate, "wait"))
-        if mode == "wait" or base is None:
+    for (workload, rate, mode), runs in sorted(groups.items()):
+        base_runs = groups.get((workload, rate, BASELINE))
+        if mode == BASELINE or base_runs is None:
             continue
-        for group, test in GROUPS.items():
-            ids = [i for i in per_query if i in base and test(chunks[i])]
-            if not ids:
+        for group, accept in GROUPS.items():
+            ours, base = by_query(runs, accept), by_query(base_runs, accept)
+            if not ours:
                 continue
-            cis = [
-                speedup_ci({i: base[i] for i in ids}, {i: per_query[i] for i in ids}, k, seed)
-                for k in KEYS
-            ]
+            cis = [speedup_ci(base, ours, k, seed) for k in KEYS]
             lines.append(
-                f"| {workload} | {rate:g} | `{mode}` | {group} | {len(ids)} | "
+                f"| {workload} | {rate:g} | `{mode}` | {group} | {len(ours)} | "
                 + " | ".join(map(_cell, cis))
                 + " |"
             )

@@ -8,7 +8,7 @@ saved result can be aggregated again (`bench.compare`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -61,12 +61,22 @@ def summarize_runs(runs: list[dict], lower_bound: Mapping, margin: float) -> Non
         run["drift"] = {**flag, "median_s": median, "margin": margin}
 
 
-def _by_query(runs: Sequence[dict]) -> dict[str, list[float]]:
+def by_query(
+    runs: Sequence[dict], chunks: Callable[[int], bool] | None = None
+) -> dict[str, list[float]]:
+    """Query id -> its TTFTs over the repeats of `runs`; `chunks`: only the queries whose
+    number of context chunks it accepts."""
     out: dict[str, list[float]] = {}
     for run in sorted(runs, key=lambda r: r.get("repeat", 0)):
         for q in run["queries"]:
-            out.setdefault(q["query"], []).append(ttft_of(q))
+            if chunks is None or chunks(q.get("chunks", 0)):
+                out.setdefault(q["query"], []).append(ttft_of(q))
     return out
+
+
+def one_chunk(n: int) -> bool:
+    """A context that came whole (`by_query`'s `chunks`)."""
+    return n == 1
 
 
 def comparisons(
@@ -80,7 +90,10 @@ def comparisons(
     completion ratio (mean over repeats), token counts per replay, bound faults, drift-flagged
     replays and the server utilization (rate x mean prompt tokens / `local_tok_s`). A stream
     mode's entry also has `vs_peers`: its speedup over each of `PEERS` that ran beside it, per
-    percentile with a 95% interval (the peer's TTFT / the stream mode's)."""
+    percentile with a 95% interval (the peer's TTFT / the stream mode's). Every mode but
+    `wait` has `one_chunk`: its speedup over `wait` for the queries whose context came in one
+    chunk (`queries` of them): they have no speculative work of their own, so streaming can
+    only cost them (other streams' work, and the ranks the policy gives their final turns)."""
     groups: dict[tuple[str, float, str], list[dict]] = {}
     prompt: dict[str, list[int]] = {}
     for run in runs:
@@ -89,7 +102,7 @@ def comparisons(
         prompt.setdefault(run["workload"], []).extend(tokens)
     out = []
     for (workload, rate, mode), group in groups.items():
-        ttfts = _by_query(group)
+        ttfts = by_query(group)
         pooled = [t for values in ttfts.values() for t in values]
         base_runs = groups.get((workload, rate, BASELINE))
         entry: dict = {
@@ -119,7 +132,7 @@ def comparisons(
         if local_tok_s and prompt.get(workload):
             entry["utilization"] = rate * float(np.mean(prompt[workload])) / local_tok_s
         if base_runs is not None:
-            base = _by_query(base_runs)
+            base = by_query(base_runs)
             entry["speedup"] = {k: speedup_ci(base, ttfts, k, seed) for k in KEYS}
             ratios = [
                 (r.get("vs_wait") or {}).get("completion_ratio")
@@ -128,10 +141,17 @@ def comparisons(
             ]
             ratios = [x for x in ratios if x is not None and math.isfinite(x)]
             entry["completion_ratio"] = float(np.mean(ratios)) if ratios else None
+            whole = by_query(group, one_chunk)
+            if mode != BASELINE and whole:
+                base_whole = by_query(base_runs, one_chunk)
+                entry["one_chunk"] = {
+                    "queries": len(whole),
+                    **{k: speedup_ci(base_whole, whole, k, seed) for k in KEYS},
+                }
         peers = [p for p in PEERS if (workload, rate, p) in groups]
         if mode.startswith("stream") and peers:
             entry["vs_peers"] = {
-                p: {k: speedup_ci(_by_query(groups[(workload, rate, p)]), ttfts, k, seed)
+                p: {k: speedup_ci(by_query(groups[(workload, rate, p)]), ttfts, k, seed)
                     for k in KEYS}
                 for p in peers
             }  # fmt: skip

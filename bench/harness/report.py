@@ -180,6 +180,16 @@ REPLAY_HEADER = [
 ]  # fmt: skip
 
 
+def one_chunk_rows(entries: list[dict]) -> list[list[str]]:
+    """Per mode with `one_chunk`: the queries of one chunk and their speedup over `wait`."""
+    return [
+        [f"`{c['mode']}`", str(c["one_chunk"]["queries"])]
+        + [fmt_speedup(c["one_chunk"].get(k)) for k in KEYS]
+        for c in entries
+        if c.get("one_chunk")
+    ]
+
+
 def replay_rows(runs: list[dict]) -> list[list[str]]:
     rows = []
     for run in sorted(runs, key=lambda r: r.get("order", 0)):
@@ -325,6 +335,11 @@ def markdown(result: dict, figures: bool = True) -> str:
             lines += ["", "Streams against SGLang's own peers (the peer's TTFT percentile / the "
                       "stream mode's, same bootstrap; >1: the stream is faster):", ""]  # fmt: skip
             lines += _table(header, rows)
+        rows = one_chunk_rows(group)
+        if rows:
+            lines += ["", "Queries whose context came in one chunk (no speculative work of their "
+                      "own: streaming can only cost them), speedup over `wait`:", ""]  # fmt: skip
+            lines += _table(["mode", "queries", "p50 [95% CI]", "p95", "p99"], rows)
         errors = sorted(
             {(r["mode"], e) for r in result["runs"]
              if (r["workload"], r["rate"]) == (workload, rate) for e in r["summary"]["errors"]}

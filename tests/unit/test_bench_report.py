@@ -21,6 +21,7 @@ def records(mode: str, workload: str, rate: float, fail_last: bool) -> list[Quer
     out = []
     for i in range(N):
         r = QueryRecord(f"q{i}", workload, "append", mode, rate, float(i), float(i) + 1.0)
+        r.chunks = 1 if i < N // 2 else 3  # half the contexts came whole
         if fail_last and i == N - 1:
             r.error = "timed out (60 s after the last final chunk)"
         else:
@@ -151,6 +152,22 @@ def test_stream_modes_are_compared_with_sglangs_peers_that_ran_beside_them(resul
     md = markdown(result, figures=False).split("## crawler (append mode), 1 QPS")[1]
     assert "| mode | over `sessions` p50 | over `sessions` p95 | over `sessions` p99 |" in md
     assert "| `stream-fcfs` | 1.00x [1.00, 1.00] | inf | n<100 |" in md
+
+
+def test_queries_of_one_chunk_are_compared_with_waiting_on_their_own(result):
+    """The half of the queries whose context came in one chunk get their own speedup over
+    waiting (stream-fcfs and sessions take half waiting's TTFT on every query)."""
+    by = {(c["workload"], c["rate"], c["mode"]): c for c in result["comparisons"]}
+    one = by[("ann", 1.0, "stream-fcfs")]["one_chunk"]
+    assert one["queries"] == N // 2
+    assert one["p50"]["value"] == pytest.approx(2.0) and one["p50"]["n"] == N  # 2 repeats
+    assert one["p95"]["insufficient"] == "n<20"  # 12 samples
+    assert "one_chunk" not in by[("ann", 1.0, "wait")]
+    # sessions' failed query has three chunks: the queries of one chunk all answered
+    assert by[("ann", 1.0, "sessions")]["one_chunk"]["p50"]["value"] == pytest.approx(2.0)
+    md = markdown(result, figures=False).split("## ann (append mode), 1 QPS")[1]
+    assert "Queries whose context came in one chunk" in md
+    assert cells(md, "| `stream-fcfs` | 6 |")[2] == "2.00x [2.00, 2.00]"
 
 
 def test_write_all_writes_json_markdown_and_pngs(tmp_path, result):
