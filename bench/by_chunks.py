@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.harness.aggregate import BASELINE, by_query, one_chunk
-from bench.harness.report import read_json
+from bench.harness.report import fmt_speedup, read_json
 from bench.harness.stats import speedup_ci
 
 GROUPS: dict[str, Callable[[int], bool]] = {
@@ -29,12 +29,6 @@ GROUPS: dict[str, Callable[[int], bool]] = {
     "all": lambda n: True,
 }
 KEYS = ("p50", "p95")
-
-
-def _cell(ci: dict) -> str:
-    if ci.get("value") is None:
-        return ci.get("insufficient") or "-"
-    return f"{ci['value']:.2f}x [{ci['lo']:.2f}, {ci['hi']:.2f}]"
 
 
 def table(result: dict, seed: int = 0) -> list[str]:
@@ -57,7 +51,7 @@ def table(result: dict, seed: int = 0) -> list[str]:
             cis = [speedup_ci(base, ours, k, seed) for k in KEYS]
             lines.append(
                 f"| {workload} | {rate:g} | `{mode}` | {group} | {len(ours)} | "
-                + " | ".join(map(_cell, cis))
+                + " | ".join(map(fmt_speedup, cis))
                 + " |"
             )
     return lines
