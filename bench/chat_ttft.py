@@ -27,7 +27,7 @@ import openai
 import orjson
 import requests
 
-from s2l_sglang.procs import free_port_block
+from s2l_sglang.procs import free_port_block, wait_for
 
 KEY = "bench-chat-ttft"
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,15 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen(serve, start_new_session=True, cwd=ROOT)
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     try:
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"s2l serve exited with {proc.returncode}")
-            try:
-                if requests.get(url + "/health", headers=headers, timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(1)
+        try:
+            wait_for(proc, url + "/health", headers=headers)
+        except RuntimeError as e:
+            raise SystemExit(str(e)) from None
         text = (ROOT / "docs" / "design.md").read_text()[: args.chars]
         size = -(-len(text) // args.chunks)
         chunks = [text[i : i + size] for i in range(0, len(text), size)]

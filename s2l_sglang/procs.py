@@ -14,19 +14,39 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 
-def healthy(url: str) -> bool:
-    """`url` answers 200: an instance's /health, the router's /readiness (workers registered).
-    Anything else is not healthy: no answer, an error status, or an answer that is not HTTP (a
-    poll of a port nothing listens on yet can connect to itself and read its own request)."""
+def healthy(url: str, headers: Mapping[str, str] | None = None) -> bool:
+    """`url` answers 200: an instance's /health, the router's /readiness (workers registered);
+    `headers`: sent with the request (a server's API key). Anything else is not healthy: no
+    answer, an error status, or an answer that is not HTTP (a poll of a port nothing listens
+    on yet can connect to itself and read its own request)."""
     try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        request = urllib.request.Request(url, headers=dict(headers or {}))
+        with urllib.request.urlopen(request, timeout=5) as resp:
             return resp.status == 200
-    except (urllib.error.URLError, OSError, http.client.HTTPException):
+    except (OSError, http.client.HTTPException):  # URLError is an OSError
         return False
+
+
+def wait_for(
+    proc: subprocess.Popen,
+    url: str,
+    timeout_s: float | None = None,
+    headers: Mapping[str, str] | None = None,
+    label: str = "s2l serve",
+) -> None:
+    """Poll `url` about once a second until it answers 200 (`healthy`, with `headers`): a
+    RuntimeError if `proc` exits first, a TimeoutError after `timeout_s` (None: no limit)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not healthy(url, headers):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{label} exited with {proc.returncode}")
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{label} did not become healthy in {timeout_s:g} s")
+        time.sleep(1)
 
 
 def _ephemeral_range() -> tuple[int, int]:

@@ -88,11 +88,8 @@ def serving(extra_argv: list[str], timeout_s: float = 300, env: dict | None = No
     import signal
     import subprocess
     import sys
-    import time
 
-    import requests
-
-    from s2l_sglang.procs import free_port_block
+    from s2l_sglang.procs import free_port_block, wait_for
 
     port = free_port_block(1)
     argv = [sys.executable, "-m", "s2l_sglang.cli", "serve", "--host", "127.0.0.1"]
@@ -102,21 +99,12 @@ def serving(extra_argv: list[str], timeout_s: float = 300, env: dict | None = No
     out = open(log, "ab") if log is not None else None  # noqa: SIM115 - closed below
     proc = subprocess.Popen(argv, start_new_session=True, env=env, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            if proc.poll() is not None:
-                tail = open(log, errors="replace").read()[-3000:] if log is not None else ""
-                raise RuntimeError(f"s2l serve exited with {proc.returncode}\n{tail}")
-            try:
-                headers = {"Authorization": f"Bearer {API_KEY}"}
-                if requests.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"s2l serve did not become healthy in {timeout_s:g} s")
-            time.sleep(1)
+        try:
+            wait_for(proc, f"{url}/health", timeout_s, {"Authorization": f"Bearer {API_KEY}"})
+        except RuntimeError as e:
+            tail = open(log, errors="replace").read()[-3000:] if log is not None else ""
+            raise RuntimeError(f"{e}\n{tail}") from None
         yield url
     finally:
         try:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from s2l_sglang.procs import _ephemeral_range, free_port_block, healthy
+import pytest
+
+from s2l_sglang.procs import _ephemeral_range, free_port_block, healthy, wait_for
 
 
 def _echo_once(listener: socket.socket) -> None:
@@ -79,3 +83,36 @@ def test_a_port_block_skips_a_taken_port() -> None:
         for _ in range(20):
             other = free_port_block(3)
             assert not other <= base + 1 < other + 3
+
+
+class _KeyRequired(_Status):
+    """200 only with the API key's header, as `s2l serve --api-key` answers /health."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        ok = self.headers.get("Authorization") == "Bearer k"
+        self.send_response(200 if ok else 401)
+        self.end_headers()
+
+
+def test_wait_for_sends_the_headers_and_returns_once_healthy() -> None:
+    server = HTTPServer(("127.0.0.1", 0), _KeyRequired)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/health"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert healthy(url) is False  # 401 without the key
+        wait_for(proc, url, timeout_s=30, headers={"Authorization": "Bearer k"})
+        with pytest.raises(TimeoutError, match="not become healthy in 0 s"):
+            wait_for(proc, url, timeout_s=0)  # no key: never healthy
+    finally:
+        proc.kill()
+        proc.wait()
+        server.shutdown()
+
+
+def test_wait_for_fails_when_the_process_exits_first() -> None:
+    url = f"http://127.0.0.1:{free_port_block(1)}/health"  # nothing listens
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    with pytest.raises(RuntimeError, match="s2l serve exited with 3"):
+        wait_for(proc, url, timeout_s=60)
