@@ -46,7 +46,8 @@ class StreamConfig:
     speculative_chunk: int = 512
     #: KV tokens that speculative work (prefill of contexts not final) leaves free for
     #: committed work (final turns, plain requests); None: the largest committed request seen
-    #: (its prompt and output budget, at least `speculative_chunk`), at most half the pool
+    #: waiting in the last `RESERVE_WINDOW_S` (60) seconds (its prompt and output budget, at
+    #: least `speculative_chunk`), at most half the pool
     speculative_reserve: int | None = None
     #: update mode: prefill the volatile tail (what the last refinement rewrote, beyond the
     #: prefix it shares with the version before) only at the lowest priority, with budget no
@@ -178,7 +179,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.speculative_reserve,
         metavar="TOKENS",
         help="KV that prefill of contexts not final leaves free for final contexts and plain "
-        "requests (default: the largest such request seen, at most half the KV pool)",
+        "requests (default: the largest such request seen waiting in the last 60 s, at most "
+        "half the KV pool)",
     )
     group.add_argument(
         "--no-stream-hold-back",

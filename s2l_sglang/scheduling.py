@@ -25,6 +25,7 @@ from s2l_sglang import adapter
 from s2l_sglang.config import StreamConfig
 from s2l_sglang.rid import CANCELLED, is_speculative, is_volatile, stream_of
 from s2l_sglang.sched.decide import (
+    RecentMax,
     Snapshot,
     StreamInfo,
     committed_need,
@@ -120,8 +121,9 @@ class StreamScheduling:
     stalled_since: float = 0.0
     lift_counted: bool = False  # this stall was counted in `stall_lifts`
     all_held: bool = False  # this admission's every waiting request was held out
-    #: largest KV a committed request asked (prompt and output budget): the automatic reserve
-    committed_need_max: int = 0
+    #: KV committed requests asked (prompt and output budget) while they waited, the largest
+    #: of the last `RESERVE_WINDOW_S` seconds kept: the automatic reserve
+    committed_needs: RecentMax = field(default_factory=RecentMax)
     #: inside SGLang's `get_new_batch_prefill` (only there are turns held out of the queue)
     in_prefill: bool = False
     held: list[Any] = field(default_factory=list)  # SGLang's requests held out of the queue
@@ -197,20 +199,22 @@ class StreamScheduling:
             if len(self.streams) > 2 * len(sessions) + 64:
                 self.streams = {sid: i for sid, i in self.streams.items() if sid in sessions}
 
-    def spec_reserve(self, scheduler: Any) -> int:
+    def spec_reserve(self, scheduler: Any, now: float) -> int:
         """KV that speculative work leaves free for committed work: `speculative_reserve`,
-        else the largest committed request seen (at least one speculative chunk), at most
-        half the pool."""
+        else the largest committed request seen waiting in the last `RESERVE_WINDOW_S`
+        seconds (at least one speculative chunk), at most half the pool."""
         if self.config.speculative_reserve is not None:
             return self.config.speculative_reserve
-        seen = max(self.committed_need_max, self.config.speculative_chunk)
+        seen = max(self.committed_needs.value(now), self.config.speculative_chunk)
         return min(seen, adapter.max_total_tokens(scheduler) // 2)
 
     def _snapshot(self, scheduler: Any, running_batch: Any = None) -> Snapshot:
         """`adapter.snapshot` with what this side knows: the stall and the reserve."""
         snap = adapter.snapshot(scheduler, self.host, running_batch, self.stalled)
         stalled_s = snap.now - self.stalled_since if self.stalled_since else 0.0
-        return snap._replace(stalled_s=stalled_s, spec_reserve=self.spec_reserve(scheduler))
+        return snap._replace(
+            stalled_s=stalled_s, spec_reserve=self.spec_reserve(scheduler, snap.now)
+        )
 
     def order_waiting(self, scheduler: Any) -> None:
         """Reorder SGLang's waiting queue by the policy (`sched.decide.decide_order`); inside
@@ -257,7 +261,7 @@ class StreamScheduling:
             return []
         self._prune(scheduler)
         snap = self._snapshot(scheduler, running_batch)
-        self.committed_need_max = max(self.committed_need_max, committed_need(snap, self.streams))
+        self.committed_needs.observe(snap.now, committed_need(snap, self.streams))
         if lifted(snap) and not self.lift_counted:
             self.counters.stall_lifts += 1
             self.lift_counted = True
@@ -420,7 +424,9 @@ class StreamScheduling:
             "profile": self.profile_path,
             "host_kv_used": self.host.used_tokens if self.host is not None else 0,
             "host_copies": len(self.host.entries) if self.host is not None else 0,
-            "spec_reserve": self.spec_reserve(scheduler) if scheduler is not None else None,
+            "spec_reserve": (
+                self.spec_reserve(scheduler, adapter.now()) if scheduler is not None else None
+            ),
             "adapter_contract": self.contract,
         }
         if scheduler is not None:

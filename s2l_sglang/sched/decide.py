@@ -28,6 +28,7 @@ speculative turn (`may_cancel`).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import compress
 from operator import itemgetter, not_
@@ -446,6 +447,39 @@ def hold(
             need = view.pending + snap.admit_extra + w.prefix_free
         budget -= need
     return tuple(held)
+
+
+#: seconds a committed request's KV need keeps the automatic reserve up after it was last seen
+#: waiting (`RecentMax`): one large request once served does not throttle speculative work for
+#: good, and a workload of large requests keeps the reserve as long as they keep coming
+RESERVE_WINDOW_S = 60.0
+
+
+class RecentMax:
+    """The largest value observed in the last `window` seconds (the automatic reserve: the
+    largest committed need seen recently). A deque of (time, value) with values decreasing
+    from the front, so each observation and each read costs O(1) amortised and the deque
+    holds only values that can still become the maximum."""
+
+    def __init__(self, window: float = RESERVE_WINDOW_S) -> None:
+        self.window = window
+        self._q: deque[tuple[float, int]] = deque()
+
+    def observe(self, now: float, value: int) -> None:
+        """Value `value` seen at time `now` (times never decrease; a value <= 0 is ignored)."""
+        if value <= 0:
+            return
+        q = self._q
+        while q and q[-1][1] <= value:
+            q.pop()
+        q.append((now, value))
+
+    def value(self, now: float) -> int:
+        """The largest value observed in (`now` - window, `now`]; 0 if none."""
+        q = self._q
+        while q and q[0][0] <= now - self.window:
+            q.popleft()
+        return q[0][1] if q else 0
 
 
 def committed_need(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> int:

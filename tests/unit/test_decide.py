@@ -21,11 +21,13 @@ from s2l_sglang.rid import (
 )
 from s2l_sglang.sched.decide import (
     NOTHING,
+    RESERVE_WINDOW_S,
     SPEC_STALL_S,
     STALL_STEPS,
     Actions,
     HostCopy,
     Preempt,
+    RecentMax,
     SlotView,
     Snapshot,
     StreamInfo,
@@ -33,6 +35,7 @@ from s2l_sglang.sched.decide import (
     _head,
     _head_index,
     _waiting_views,
+    committed_need,
     decide,
     decide_order,
     hold,
@@ -611,3 +614,37 @@ def test_hold_keeps_speculative_turns_out_of_the_reserve():
     hit = r._replace(waiting=(waiting(turn_rid("b", 2), 400, hit=300, max_new=0),), free_kv=650)
     assert hold(hit, streams) == (turn_rid("b", 2),)  # 400 > 650 - 300
     assert hold(hit._replace(free_kv=700), streams) == ()
+
+
+def test_committed_need_is_the_largest_committed_request_with_no_prefix_cached():
+    """Plain requests and turns of final contexts count (prompt and output budget, their
+    prefix hit ignored); a speculative turn does not."""
+    s = snap(
+        waiting("p", 300, hit=250, max_new=20),
+        waiting(final_rid("c"), 200, max_new=16),  # c's context is final
+        waiting(turn_rid("a", 1), 5_000, max_new=0),  # a's is not: speculative
+    )
+    assert committed_need(s, STREAMS) == 320
+    assert committed_need(snap(waiting(turn_rid("a", 1), 5_000)), STREAMS) == 0
+
+
+def test_the_automatic_reserve_forgets_a_large_request_after_its_window():
+    """The reserve follows the largest committed need of the last `RESERVE_WINDOW_S`
+    seconds: a large request seen once raises it for that long only, and a later smaller
+    maximum takes over once the larger one's window is over."""
+    w = RESERVE_WINDOW_S
+    m = RecentMax(w)
+    assert m.value(0.0) == 0
+    m.observe(0.0, 8_000)  # one large request, seen waiting at t=0 and t=1
+    m.observe(1.0, 8_000)
+    m.observe(2.0, 0)  # nothing committed waits: no observation
+    m.observe(3.0, 500)
+    m.observe(4.0, 300)
+    assert m.value(4.0) == 8_000
+    assert m.value(1.0 + w - 0.5) == 8_000
+    assert m.value(1.0 + w) == 500  # the large one's window is over
+    assert m.value(3.0 + w) == 300
+    assert m.value(4.0 + w) == 0
+    m.observe(10.0 + w, 100)
+    m.observe(11.0 + w, 900)  # a larger need after a smaller one: the larger is the reserve
+    assert m.value(11.0 + w) == 900
