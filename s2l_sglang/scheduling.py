@@ -95,6 +95,10 @@ class SchedCounters:
         return dict(self.__dict__)
 
 
+#: the counters that are maxima, not counts (`set_policy` starts them again)
+MAXIMA = tuple(f for f in SchedCounters.__dataclass_fields__ if f.endswith("_max"))
+
+
 @dataclass
 class StreamScheduling:
     """Scheduler-side view of the streams (one per scheduler process)."""
@@ -138,13 +142,15 @@ class StreamScheduling:
 
     def set_policy(self, name: str) -> None:
         """Order by policy `name` from the next scheduling step on (a ValueError if unknown).
-        The admission maxima (`speculative_ahead_max`, ...) start again: they describe the
-        policy in force."""
+        Every maximum (`speculative_ahead_max`, `stalled_steps_max`, ...) and
+        `committed_admitted` start again: they describe the policy in force (the benchmark
+        sets the policy before each replay, so they are that replay's)."""
         self.policy = get_policy(name)
         self.policy_name = name
         c = self.counters
-        c.speculative_ahead_max = c.newer_committed_ahead_max = c.committed_admitted = 0
-        c.volatile_ahead_max = 0
+        for key in MAXIMA:
+            setattr(c, key, 0)
+        c.committed_admitted = 0
         self.waited.clear()
         self.spec_waited.clear()
 

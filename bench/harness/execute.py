@@ -20,6 +20,7 @@ from bench.harness.presets import Preset
 from bench.harness.queries import Query
 from bench.harness.replay import lower_bound, replay, speed_probe
 from bench.harness.schedule import EnginePlan, bound_slots
+from s2l_sglang.scheduling import MAXIMA, SchedCounters
 
 
 class Progress:
@@ -105,7 +106,7 @@ def execute_plan(backend: Backend, plan: EnginePlan, engine: int, ctx: RunContex
     runs = []
     for rp in plan.replays:
         qs = ctx.queries[rp.workload]
-        if ctx.switching and rp.policy != policy:
+        if ctx.switching:  # also to the policy in force: it starts the maxima again
             backend.switch_policy(rp.policy)
             policy = rp.policy
         ctx.progress.describe(f"{rp.workload} {rp.rate:.3g} QPS {rp.label} #{rp.repeat}")
@@ -147,6 +148,8 @@ def execute_plan(backend: Backend, plan: EnginePlan, engine: int, ctx: RunContex
             "replay_wall_s": wall,
             "offsets": [float(x) for x in offsets],
             "sched": counter_delta(before, after),
+            # the maxima in `sched` are this replay's, or since the engine started
+            "sched_maxima": "replay" if ctx.switching else "engine",
             "records": records,
         }
         ctx.order += 1
@@ -157,10 +160,18 @@ def execute_plan(backend: Backend, plan: EnginePlan, engine: int, ctx: RunContex
 
 
 def counter_delta(before: dict | None, after: dict | None) -> dict | None:
+    """The scheduler's numbers for one replay, from its `s2l_sched` export before and after:
+    a count (a `SchedCounters` field that is not a maximum) as its increase; a maximum
+    (`*_max`) and a state at one moment (`spec_reserve`, `host_kv_used`, `kv_available`, ...)
+    as their value after the replay (a difference of either means nothing)."""
     if before is None or after is None:
         return None
     return {
-        k: after[k] - before.get(k, 0)
+        k: after[k] - before.get(k, 0) if k in _COUNTS else after[k]
         for k in after
         if isinstance(after[k], int | float) and not isinstance(after[k], bool)
     }
+
+
+#: the `s2l_sched` keys that count events (what a replay adds to them is its own)
+_COUNTS = frozenset(SchedCounters.__dataclass_fields__) - set(MAXIMA)

@@ -48,6 +48,16 @@ def test_bench_interleaves_modes_and_policies_on_one_engine(engine, tmp_path):
     for run in runs:
         s = run["summary"]
         assert s["queries"] == 2 and s["failed"] == 0, s["errors"]
+        # the scheduler's figures are this replay's: its counts (2 final contexts or plain
+        # requests admitted), its maxima (set going again before it: nothing speculative
+        # admits ahead of a plain request in a `wait` replay), states as they ended (the
+        # automatic reserve is at least one speculative chunk, or half this small pool)
+        sched = run["sched"]
+        assert run["sched_maxima"] == "replay"
+        assert sched["committed_admitted"] == 2, (run["mode"], sched)
+        if run["mode"] == "wait":
+            assert sched["speculative_ahead_max"] == 0, sched
+        assert sched["spec_reserve"] >= 64, sched
         assert 0 < s["ttft_s"]["p50"] < 60 and s["ttft_s"]["p95"] is None  # 2 samples: no p95
         assert all(q["ttft"] > 0 and q["e2e"] >= q["ttft"] for q in run["queries"])
         assert 0 < run["probe_s"] < 60 and "flagged" in run["drift"]
