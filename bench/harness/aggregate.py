@@ -141,8 +141,8 @@ def comparisons(
             ]
             ratios = [x for x in ratios if x is not None and math.isfinite(x)]
             entry["completion_ratio"] = float(np.mean(ratios)) if ratios else None
-            whole = by_query(group, one_chunk)
-            if mode != BASELINE and whole:
+            whole = by_query(group, one_chunk) if mode != BASELINE else {}
+            if whole:
                 base_whole = by_query(base_runs, one_chunk)
                 entry["one_chunk"] = {
                     "queries": len(whole),
