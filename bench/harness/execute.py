@@ -147,7 +147,7 @@ def execute_plan(backend: Backend, plan: EnginePlan, engine: int, ctx: RunContex
             "bound_s": bound_s,
             "replay_wall_s": wall,
             "offsets": [float(x) for x in offsets],
-            "sched": counter_delta(before, after),
+            "sched": replay_sched(before, after),
             # the maxima in `sched` are this replay's, or since the engine started
             "sched_maxima": "replay" if ctx.switching else "engine",
             "records": records,
@@ -159,7 +159,7 @@ def execute_plan(backend: Backend, plan: EnginePlan, engine: int, ctx: RunContex
     return runs
 
 
-def counter_delta(before: dict | None, after: dict | None) -> dict | None:
+def replay_sched(before: dict | None, after: dict | None) -> dict | None:
     """The scheduler's numbers for one replay, from its `s2l_sched` export before and after:
     a count (a `SchedCounters` field that is not a maximum) as its increase; a maximum
     (`*_max`) and a state at one moment (`spec_reserve`, `host_kv_used`, `kv_available`, ...)

@@ -1,9 +1,9 @@
-"""What the benchmark records of the scheduler per replay (`execute.counter_delta`), and the
+"""What the benchmark records of the scheduler per replay (`execute.replay_sched`), and the
 start-again of the maxima that makes them the replay's own (`StreamScheduling.set_policy`)."""
 
 from __future__ import annotations
 
-from bench.harness.execute import counter_delta
+from bench.harness.execute import replay_sched
 from s2l_sglang.scheduling import MAXIMA, StreamScheduling
 
 
@@ -12,14 +12,14 @@ def test_a_replay_records_its_counts_as_increases_and_maxima_and_states_as_they_
               "spec_reserve": 512, "kv_available": 60_000, "policy": "fcfs"}  # fmt: skip
     after = {"committed_admitted": 200, "turns_cancelled": 9, "speculative_ahead_max": 300,
              "spec_reserve": 1_100, "kv_available": 23_000, "policy": "fcfs"}  # fmt: skip
-    assert counter_delta(before, after) == {
+    assert replay_sched(before, after) == {
         "committed_admitted": 100,  # counts: what the replay added
         "turns_cancelled": 2,
         "speculative_ahead_max": 300,  # a maximum: its value (a difference would be -177)
         "spec_reserve": 1_100,  # states at one moment: their value after the replay
         "kv_available": 23_000,
     }
-    assert counter_delta(None, after) is None
+    assert replay_sched(None, after) is None
 
 
 def test_setting_the_policy_starts_every_maximum_again_and_keeps_the_counts():
