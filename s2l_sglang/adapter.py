@@ -13,6 +13,10 @@ are pure (`sched/decide.py`). What is read and written:
 - the pool (`token_to_kv_pool_allocator.available_size()`, `tree_cache.evictable_size()`);
 - session slots (`tree_cache.session.slots`: committed and allocated lengths, whether a turn
   is in flight) and sessions (`session_controller`);
+- a stream's final turn sent while its turn before is in flight: the session's in-flight
+  flag and last finished turn (`Session._inflight`, `req_nodes`), the turn's
+  `session_params.rid` (read and reset); the turn is handed to
+  `Scheduler.handle_generate_request` once the turn before has ended;
 - KV release (`tree_cache.release_session`), copy to host and back (`radix_ext.swap`), rollback
   of a session's committed lengths (`radix_ext.rollback`), aborting a waiting request
   (`Scheduler.abort_request`);
@@ -367,6 +371,52 @@ def finish_turn_with_abort(new_req: Any, tokenizer: Any, failure: str | None) ->
     new_req.tokenizer = tokenizer
     if failure is not None and new_req.to_finish is None:
         new_req.set_finish_with_abort(failure)
+
+
+# ---- a stream's final turn sent while its turn before runs (pipelined finish) -------------
+
+
+def session(scheduler: Any, key: str) -> Any:
+    """SGLang's session `key`, or None."""
+    return scheduler.session_controller.get(key)
+
+
+def turn_in_flight(session: Any) -> bool:
+    """A streaming session with a turn created and not yet finished or aborted."""
+    return bool(session._inflight)
+
+
+def last_turn_rid(session: Any) -> str | None:
+    """The rid of the streaming session's last finished turn (what its KV holds), or None."""
+    return next(iter(session.req_nodes), None)
+
+
+def take_after(recv_req: Any) -> str | None:
+    """A turn's `session_params.rid` (the turn it was built on), taken off its session
+    parameters (SGLang's streaming sessions ignore it); None if unset."""
+    params = recv_req.session_params
+    if params is None or params.rid is None:
+        return None
+    after, params.rid = params.rid, None
+    return after
+
+
+def plain_append(recv_req: Any) -> None:
+    """Drop a turn's update-mode rollback (`replace`, `offset`): a turn that will be aborted
+    before it runs must not roll its session back."""
+    from sglang.srt.managers.io_struct import SessionParams
+
+    recv_req.session_params = SessionParams(id=recv_req.session_params.id)
+
+
+def abort_matches(abort_req: Any, rid: str) -> bool:
+    """Whether SGLang's `abort_request(abort_req)` aborts request `rid` (a prefix match)."""
+    return bool(abort_req.abort_all) or rid.startswith(abort_req.rid)
+
+
+def abort_message(abort_req: Any) -> str:
+    reason = getattr(abort_req, "finished_reason", None) or {}
+    return str(reason.get("message") or "aborted")
 
 
 # ---- the contract -------------------------------------------------------------------------

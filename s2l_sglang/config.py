@@ -58,6 +58,10 @@ class StreamConfig:
     #: seconds after its last version (0: at once); a tail that a refinement arriving sooner
     #: would rewrite is then never prefilled
     hold_back_settle: float = 1.0
+    #: a finish sends the final turn at once, built on the turn in flight; the scheduler keeps
+    #: it until that turn has ended and hands it to the very next step (False: the manager
+    #: waits for that turn's result, then sends the final turn)
+    pipelined_finish: bool = True
 
     def __post_init__(self) -> None:
         from s2l_sglang.sched.policy import policy_names
@@ -189,6 +193,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.hold_back,
         help="update mode: prefill a refined context's rewritten tail at speculative priority "
         "instead of the lowest (default: held back)",
+    )
+    group.add_argument(
+        "--no-stream-pipelined-finish",
+        dest="pipelined_finish",
+        action="store_false",
+        default=d.pipelined_finish,
+        help="at a finish, wait for the stream's prefill turn in flight before sending the "
+        "final turn (default: send it at once; the scheduler holds it until that turn ends)",
     )
     group.add_argument(
         "--stream-hold-back-settle",

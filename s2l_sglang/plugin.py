@@ -190,6 +190,65 @@ def _around_new_prefill(original: Callable, self, running_batch, *args, **kwargs
     return batch
 
 
+_HANDLE_GENERATE = "sglang.srt.managers.scheduler.Scheduler.handle_generate_request"
+_NEXT_BATCH = "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
+_ABORT = "sglang.srt.managers.scheduler.Scheduler.abort_request"
+
+
+def _park_final_turn(original: Callable, self, recv_req, *args, **kwargs):
+    """AROUND `Scheduler.handle_generate_request`: a stream's final turn sent while its turn
+    before is in flight (the manager's pipelined finish) is kept until that turn ends, then
+    handed to SGLang, or sent back to be rebuilt (`StreamScheduling.park_final`)."""
+    from s2l_sglang import adapter
+    from s2l_sglang.scheduling import PARK, PASS
+
+    verdict = PASS
+    try:
+        verdict = stream_scheduling().park_final(self, recv_req)
+    except Exception:  # never take the scheduler down: SGLang takes the turn as it is
+        _hook_failed(f"parking final turn {getattr(recv_req, 'rid', None)}")
+    if verdict == PARK:
+        return None
+    result = original(self, recv_req, *args, **kwargs)
+    if verdict != PASS:  # an abort message: the turn is aborted before it runs
+        try:
+            adapter.abort_waiting(self, recv_req.rid, verdict)
+        except Exception:
+            _hook_failed(f"sending final turn {recv_req.rid} back")
+    return result
+
+
+def _release_parked_finals(self, *args, **kwargs):
+    """BEFORE `Scheduler.get_next_batch_to_run`: the parked final turns whose stream's turn
+    before has ended go to SGLang now, in time for this step's batch (or are aborted)."""
+    from s2l_sglang import adapter
+    from s2l_sglang.scheduling import PASS
+
+    try:
+        released = stream_scheduling().release_parked(self)
+    except Exception:
+        _hook_failed("releasing parked final turns")
+        return None
+    for req, verdict in released:
+        try:
+            self.handle_generate_request(req)
+            if verdict != PASS:
+                adapter.abort_waiting(self, req.rid, verdict)
+        except Exception:
+            _hook_failed(f"releasing parked final turn {req.rid}")
+    return None
+
+
+def _abort_parked_finals(original: Callable, self, recv_req, *args, **kwargs):
+    """AROUND `Scheduler.abort_request`: a parked final turn it names is aborted as soon as
+    its session's turn in flight has ended (`StreamScheduling.abort_parked`)."""
+    try:
+        stream_scheduling().abort_parked(recv_req)
+    except Exception:
+        _hook_failed("aborting parked final turns")
+    return original(self, recv_req, *args, **kwargs)
+
+
 _INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 
 
@@ -222,6 +281,9 @@ def _stream_hooks() -> list[tuple[str, Callable, str]]:
         (_CALC_PRIORITY, _order_by_stream_policy, "AROUND"),
         (_NEW_PREFILL, _around_new_prefill, "AROUND"),
         (_INTERNAL_STATE, _export_sched_counters, "AFTER"),
+        (_HANDLE_GENERATE, _park_final_turn, "AROUND"),
+        (_NEXT_BATCH, _release_parked_finals, "BEFORE"),
+        (_ABORT, _abort_parked_finals, "AROUND"),
     ]
 
 

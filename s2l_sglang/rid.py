@@ -13,6 +13,9 @@ MARK = "::s2l"
 
 #: the abort message of a stale speculative turn the scheduler cancelled (messages.py)
 CANCELLED = "s2l: stale speculative turn cancelled"
+#: the abort message of a final turn sent while the stream's turn before it was in flight, when
+#: that turn did not end as the one it was built on (cancelled): the manager sends it again
+REBASE = "s2l: final turn built on a turn that did not finish"
 
 
 def turn_rid(stream_id: str, n: int) -> str:

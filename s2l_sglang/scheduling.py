@@ -23,7 +23,7 @@ from typing import Any
 from radix_ext.swap import HostKVPool
 from s2l_sglang import adapter
 from s2l_sglang.config import StreamConfig
-from s2l_sglang.rid import CANCELLED, is_speculative, is_volatile, stream_of
+from s2l_sglang.rid import CANCELLED, REBASE, is_final, is_speculative, is_volatile, stream_of
 from s2l_sglang.sched.decide import (
     RecentMax,
     Snapshot,
@@ -90,6 +90,15 @@ class SchedCounters:
     stall_lifts: int = 0
     #: KV tokens released by recompute for speculative work (only ever after such a stall)
     tokens_preempted_for_speculative: int = 0
+    #: final turns sent without waiting for their stream's prefill turn in flight (built on
+    #: it): most arrive once it has ended (SGLang ingests between steps) and go on at once
+    finals_pipelined: int = 0
+    #: of those: arrived while that turn was still in flight (queued, or chunked), kept here and
+    #: handed to SGLang in the first scheduling step after that turn ended (`park_final`)
+    finals_parked: int = 0
+    #: final turns sent back to the manager (abort `REBASE`): the turn they were built on
+    #: did not finish (it was cancelled)
+    finals_rebased: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -97,6 +106,19 @@ class SchedCounters:
 
 #: the counters that are maxima, not counts (`set_policy` starts them again)
 MAXIMA = tuple(f for f in SchedCounters.__dataclass_fields__ if f.endswith("_max"))
+
+
+@dataclass
+class Parked:
+    """A final turn kept out of SGLang until its stream's turn in flight has ended."""
+
+    req: Any  # SGLang's TokenizedGenerateReqInput
+    after: str  # the rid of the turn it was built on
+    aborted: str | None = None  # an abort that came meanwhile: its message
+
+
+#: `park_final`'s verdicts besides an abort message
+PASS, PARK = "pass", "park"
 
 
 @dataclass
@@ -136,6 +158,8 @@ class StreamScheduling:
     #: what `adapter.check_contract` found missing in this SGLang (checked once, at configure)
     contract: list[str] | None = None
     _metrics: Any = None
+    #: session key -> a final turn waiting for the stream's turn in flight (`park_final`)
+    parked: dict[str, Parked] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.set_policy(self.config.stream_policy)
@@ -351,6 +375,76 @@ class StreamScheduling:
             self.counters.turns_promoted += 1
         return False
 
+    # ---- the pipelined finish: a final turn sent while the turn before runs ----------------
+
+    def park_final(self, scheduler: Any, recv_req: Any) -> str:
+        """A turn reaching `Scheduler.handle_generate_request`. A final turn that names the turn
+        it was built on (`session_params.rid`, set by the manager when it sends the final turn
+        without waiting for the turn in flight) is
+        - kept here (PARK) while its session has a turn in flight: SGLang would abort it
+          ("already has an active request"). The stream's context is final from now on, so a
+          speculative turn of it still waiting ranks as committed work (`promote`);
+        - handed to SGLang (PASS) if the session's last finished turn is that turn;
+        - otherwise aborted with `REBASE` (returned: the caller aborts it once SGLang queued
+          it; its rollback is dropped first): the manager sends it again, built on what the
+          session holds.
+        Every other request: PASS."""
+        if not is_final(recv_req.rid):
+            return PASS
+        after = adapter.take_after(recv_req)
+        if after is None:
+            return PASS
+        key = stream_of(recv_req.rid)
+        session = adapter.session(scheduler, key)
+        if session is None:
+            return PASS  # SGLang aborts it: no such session
+        self.counters.finals_pipelined += 1
+        if adapter.turn_in_flight(session):
+            self.parked[key] = Parked(recv_req, after)
+            self.counters.finals_parked += 1
+            self.on_turn(recv_req.rid)
+            at = adapter.now()
+            for rid in adapter.waiting_rids(scheduler):
+                if stream_of(rid) == key and is_speculative(rid):
+                    self.streams[key] = promote(self.streams, rid, at)
+                    self.promoted.add(rid)
+                    self.counters.turns_promoted += 1
+            return PARK
+        return self._built_on(session, recv_req, after)
+
+    def _built_on(self, session: Any, recv_req: Any, after: str) -> str:
+        """PASS if the session's last finished turn is `after`; otherwise REBASE, the turn's
+        rollback dropped (it is aborted before it runs)."""
+        if session is None or adapter.last_turn_rid(session) == after:
+            return PASS
+        adapter.plain_append(recv_req)
+        self.counters.finals_rebased += 1
+        return REBASE
+
+    def release_parked(self, scheduler: Any) -> list[tuple[Any, str]]:
+        """The parked final turns whose session has no turn in flight any more (or is gone),
+        taken out, each with its verdict: PASS (hand it to SGLang), or an abort message to
+        abort it with once SGLang has queued it (`REBASE`, or an abort that came meanwhile)."""
+        out = []
+        for key, parked in list(self.parked.items()):
+            session = adapter.session(scheduler, key)
+            if session is not None and adapter.turn_in_flight(session):
+                continue
+            del self.parked[key]
+            if parked.aborted is not None:
+                adapter.plain_append(parked.req)
+                out.append((parked.req, parked.aborted))
+            else:
+                out.append((parked.req, self._built_on(session, parked.req, parked.after)))
+        return out
+
+    def abort_parked(self, abort_req: Any) -> None:
+        """`Scheduler.abort_request(abort_req)` is called: parked turns it names are marked, and
+        aborted once handed to SGLang (they cannot be before: their session is busy)."""
+        for parked in self.parked.values():
+            if adapter.abort_matches(abort_req, parked.req.rid):
+                parked.aborted = adapter.abort_message(abort_req)
+
     def _speculative(self, rid: str) -> bool:
         """Speculative work for the admission accounting: a prefill turn not promoted."""
         return is_speculative(rid) and rid not in self.promoted
@@ -434,6 +528,7 @@ class StreamScheduling:
                 self.spec_reserve(scheduler, adapter.now()) if scheduler is not None else None
             ),
             "adapter_contract": self.contract,
+            "finals_parked_now": len(self.parked),
         }
         if scheduler is not None:
             state.update(adapter.live_counts(scheduler))

@@ -30,6 +30,7 @@ class StreamEngine:
         speculative_reserve: int | None = None,
         hold_back: bool = True,
         hold_back_settle: float = 1.0,
+        pipelined_finish: bool = True,
         **engine_kwargs: Any,
     ):
         """`stream_policy`: the scheduler's stream policy (`default`, `fcfs`, `lcas`, `mcps`;
@@ -43,7 +44,9 @@ class StreamEngine:
         largest seen, at most half the pool). `hold_back`: in update mode, the
         tail a refinement rewrote is prefilled only at the lowest priority, and
         `hold_back_settle`: once the stream has been quiet for a while (at most that many
-        seconds; see `StreamConfig`). A bad value is a ValueError here, before anything
+        seconds; see `StreamConfig`). `pipelined_finish`: a finish sends the final turn at
+        once, and the scheduler holds it until the turn in flight ends (False: the manager
+        waits for that turn first). A bad value is a ValueError here, before anything
         starts. Other arguments go to
         `sgl.Engine` (the embedded model and CPU defaults unless overridden)."""
         import sglang as sgl
@@ -60,6 +63,7 @@ class StreamEngine:
             speculative_reserve=speculative_reserve,
             hold_back=hold_back,
             hold_back_settle=hold_back_settle,
+            pipelined_finish=pipelined_finish,
         )
         kwargs = default_kwargs(**engine_kwargs)
         kwargs.setdefault("log_level", "error")  # as sgl.Engine does for keyword arguments

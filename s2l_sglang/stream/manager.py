@@ -29,7 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from s2l_sglang.config import StreamConfig
-from s2l_sglang.rid import CANCELLED, final_rid, is_final, is_volatile, turn_rid, volatile_rid
+from s2l_sglang.rid import (
+    CANCELLED,
+    REBASE,
+    final_rid,
+    is_final,
+    is_volatile,
+    turn_rid,
+    volatile_rid,
+)
 from s2l_sglang.stream import isolation
 from s2l_sglang.stream.chat import ChatContext, chat_context
 from s2l_sglang.stream.errors import (
@@ -76,6 +84,11 @@ CANCEL_MIN_TOKENS = 16
 #: longest gap between its versions (`StreamManager._settle`)
 SETTLE_GAPS = 2.0
 logger = logging.getLogger(__name__)
+
+
+class Rebased(Exception):
+    """A pipelined final turn the scheduler sent back: the turn it was built on did not
+    finish (abort `REBASE`); the manager sends it again, built on what the session holds."""
 
 
 @dataclass
@@ -142,6 +155,10 @@ class Stream:
     inflight_keep: int = 0  # of which held before it
     cancelled_rid: str | None = None  # a prefill turn aborted because the context moved on
     cancel_for_final: bool = False  # ... or because the stream is finishing (`promoted`)
+    #: pipelined finish: the prefill turn in flight at the finish, that the final turn is
+    #: built on and sent behind without waiting for it (`StreamManager._at_finish`)
+    pipeline_after: str | None = None
+    pipelined_rid: str | None = None  # that final turn, while in flight
     #: update mode: ids from here on are the volatile tail (what the last update rewrote)
     volatile_from: int | None = None
     #: update mode: the longest time between two versions of the context so far
@@ -322,7 +339,7 @@ class StreamManager:
             )
         stream.state = State.FINISHING
         stream.moved.set()  # a settling pump stops waiting
-        self._promote_inflight(stream)
+        self._at_finish(stream)
         if stream.kind == "text" and stream.anchor.chars > 0:
             await self._check_incremental(stream)
         return self._generate(stream, t_finish, params, keep_open)
@@ -341,7 +358,7 @@ class StreamManager:
             )
         stream.state = State.FINISHING  # the pump stops after the turn in flight
         stream.moved.set()
-        self._promote_inflight(stream)
+        self._at_finish(stream)
         return stream.chat.filled(stream.text)
 
     def release_chat_finish(self, sid: str) -> None:
@@ -349,6 +366,7 @@ class StreamManager:
         stream = self.streams.get(sid)
         if stream is not None and not stream.closed and stream.finishing:
             stream.state = State.OPEN
+            stream.pipeline_after = None
             stream.last_activity = time.monotonic()
             if stream.ids != stream.held and (stream.pump is None or stream.pump.done()):
                 stream.pump = asyncio.ensure_future(self._pump(stream))
@@ -686,6 +704,24 @@ class StreamManager:
         if lost > CANCEL_MIN_TOKENS and 2 * lost >= new:
             self._cancel(stream, rid, for_final=False)
 
+    def _at_finish(self, stream: Stream) -> None:
+        """The context is final. With a prefill turn in flight, the final turn is either sent
+        at once, built on that turn (pipelined: the scheduler keeps it until that turn has
+        ended, then hands it to the next step, and promotes that turn if it still waits), or,
+        when pipelining is off, on a PD prefill instance, or after that turn was sent a
+        stale-turn cancel, sent after it (`_promote_inflight`)."""
+        rid = stream.inflight_rid
+        if (
+            self.config.pipelined_finish
+            and self.final_outputs is None
+            and rid is not None
+            and not is_final(rid)
+            and stream.cancelled_rid != rid
+        ):
+            stream.pipeline_after = rid
+            return
+        self._promote_inflight(stream)
+
     def _promote_inflight(self, stream: Stream) -> None:
         """At the finish: a prefill turn still queued is speculative work, ordered after all
         committed work; the final turn would wait behind it. It is cancelled instead (only
@@ -712,21 +748,26 @@ class StreamManager:
         task.add_done_callback(self._tasks.discard)
 
     async def _send_cancel(self, stream: Stream, rid: str, finishing: bool) -> None:
-        """Send `CancelStaleTurnReq` once SGLang's tokenizer manager has the turn (it registers
-        a request just before sending it; messages go to the scheduler in order). Best effort:
-        a cancel that arrives before the turn, or after it started, changes nothing."""
+        """Send `CancelStaleTurnReq` once the turn has gone to the scheduler. Best effort: a
+        cancel that arrives before the turn, or after it started, changes nothing."""
         from s2l_sglang.messages import CancelStaleTurnReq
 
+        if await self._turn_sent(stream, rid):
+            self.tm._dispatch_to_scheduler(CancelStaleTurnReq(rid=rid, finishing=finishing))
+
+    async def _turn_sent(self, stream: Stream, rid: str) -> bool:
+        """Wait until prefill turn `rid` has gone to the scheduler: SGLang's tokenizer manager
+        registers a request just before sending it, and messages reach the scheduler in order.
+        True if the turn is still in flight then."""
         states = getattr(self.tm, "rid_to_state", None)
         for _ in range(1000):  # the gap is one tokenizer-manager step: microseconds to ms
             if stream.inflight_rid != rid:
-                return
+                return False
             if states is None or rid in states:
                 await asyncio.sleep(0)  # let the registering task send the turn first
-                if stream.inflight_rid == rid:
-                    self.tm._dispatch_to_scheduler(CancelStaleTurnReq(rid=rid, finishing=finishing))
-                return
+                return stream.inflight_rid == rid
             await asyncio.sleep(0.001)
+        return False
 
     def _tokenize_context(self, stream: Stream, text: str, appended: bool = True) -> list[int]:
         """The ids of a text stream's context: `text` alone as SGLang would tokenize it, or,
@@ -831,15 +872,27 @@ class StreamManager:
         return plan, False
 
     async def _turn(
-        self, stream: Stream, plan: Turn, sampling_params: dict, rid: str, sink=None, base=None
+        self,
+        stream: Stream,
+        plan: Turn,
+        sampling_params: dict,
+        rid: str,
+        sink=None,
+        base=None,
+        after: tuple[str, list[int]] | None = None,
     ) -> dict:
         """One engine turn. `base`: a `GenerateReqInput` built by SGLang (the OpenAI layer's)
-        to send as this turn instead of a fresh one (its other options are kept)."""
+        to send as this turn instead of a fresh one (its other options are kept). `after`: a
+        final turn built on the prefill turn in flight, (its rid, the ids the session holds
+        once it ends), sent without waiting for it; raises `Rebased` if the scheduler sends
+        it back (that turn did not finish)."""
         from sglang.srt.managers.io_struct import GenerateReqInput
 
         session_params: dict[str, Any] = {"id": stream.key}
         if plan.rollback:
             session_params.update(replace=True, offset=plan.keep)
+        if after is not None:  # the scheduler checks it against the session's last turn
+            session_params["rid"] = after[0]
         fields = dict(
             input_ids=plan.delta,
             sampling_params=sampling_params,
@@ -856,9 +909,12 @@ class StreamManager:
             for name, value in fields.items():
                 setattr(obj, name, value)
             obj.text, obj.session_id = None, None
-        target = stream.held[: plan.keep] + plan.delta
-        stream.inflight_rid, stream.inflight_target = rid, target
-        stream.inflight_keep = plan.keep
+        target = (stream.held if after is None else after[1])[: plan.keep] + plan.delta
+        if after is None:
+            stream.inflight_rid, stream.inflight_target = rid, target
+            stream.inflight_keep = plan.keep
+        else:
+            stream.pipelined_rid = rid
         stream.counters.turns += 1
         out: dict = {}
         ended = False
@@ -878,13 +934,18 @@ class StreamManager:
             isolation.own_rids.discard(rid)
             if not ended:  # an error or a cancel here: the engine stops the turn too
                 self.tm.abort_request(rid=rid)
-            stream.inflight_rid, stream.inflight_target = None, None
+            if after is None:
+                stream.inflight_rid, stream.inflight_target = None, None
+            else:
+                stream.pipelined_rid = None
             stream.last_activity = time.monotonic()  # the idle clock starts when engine work ends
         meta = out.get("meta_info", {})
         reason = meta.get("finish_reason") or {}
         if reason.get("type") == "abort":
             if stream.cancelled_rid == rid and reason.get("message") == CANCELLED:
                 return self._cancelled(stream, plan)
+            if after is not None and reason.get("message") == REBASE:
+                raise Rebased(rid)
             err = StreamError(f"turn aborted: {reason.get('message', '')}", stream.sid)
             if isinstance(reason.get("status_code"), int) and reason["status_code"] >= 500:
                 err = EngineError(str(err), stream.sid)  # overload, timeouts: the engine's
@@ -892,6 +953,8 @@ class StreamManager:
             raise err
         if stream.cancelled_rid == rid:  # it ended before the abort reached it
             stream.cancelled_rid = None
+        if after is not None and stream.pump is not None:  # the turn before, as committed
+            await asyncio.wait({stream.pump})
         invalidated = len(stream.held) - plan.keep
         stream.held = target
         prompt, cached = meta.get("prompt_tokens", len(target)), meta.get("cached_tokens", 0)
@@ -974,18 +1037,12 @@ class StreamManager:
         with the sampling parameters, and puts each output in `outputs` (the last one carries
         `meta_info["stream"]`). The session is closed as soon as generation ends."""
         try:
-            waited = 0.0
-            if stream.pump is not None:
-                t0 = time.perf_counter()
+            t0 = time.perf_counter()
+            after = await self._pipeline(stream)
+            if after is None and stream.pump is not None:
                 await stream.pump  # the turn in flight; the pump stops after it
-                waited = time.perf_counter() - t0
-            if stream.error is not None:
-                raise stream.error
-            if not stream.ids:
-                raise EmptyChunk("cannot finish a stream with an empty context", stream.sid)
-            plan = next_turn(stream.held, stream.ids, self.page_size, need_input=True)
-            if plan.keep < len(stream.history):  # only with page_size > 1
-                raise StreamError("a kept-open stream needs page size 1", stream.sid)
+            waited = time.perf_counter() - t0
+            plan = self._final_plan(stream, stream.held if after is None else after[1])
             unprefilled = len(plan.delta)
             first: list[float] = []
             pending: list[dict] = []  # the latest output: the last one is annotated below
@@ -998,7 +1055,15 @@ class StreamManager:
                 pending.append(self._as_stream_output(stream, out))
 
             rid = final_rid(stream.key, stream.generations)
-            final = await self._turn(stream, plan, params, rid, sink=sink, base=base)
+            try:
+                final = await self._turn(stream, plan, params, rid, sink, base, after)
+            except Rebased:  # the turn it was built on did not finish: again, on what is held
+                pending.clear()
+                if stream.pump is not None:
+                    await stream.pump
+                plan = self._final_plan(stream, stream.held)
+                unprefilled = len(plan.delta)
+                final = await self._turn(stream, plan, params, rid, sink, base)
             if keep_open:  # before the last output reaches the client, who may go on at once
                 self._keep_open(stream, list(final.get("output_ids") or []))
             else:  # generation ended: the KV goes now, not when the reader is done
@@ -1018,6 +1083,29 @@ class StreamManager:
                 reason = "reader stalled" if isinstance(exc, ReaderStalled) else "finish failed"
                 await self._close(stream, f"aborted: {reason}")
             raise
+
+    async def _pipeline(self, stream: Stream) -> tuple[str, list[int]] | None:
+        """A pipelined finish (`_at_finish`): (the rid of the prefill turn in flight, the ids
+        the session holds once it ends), once that turn has gone to the scheduler; None if
+        the finish is not pipelined or the turn ended meanwhile."""
+        rid, stream.pipeline_after = stream.pipeline_after, None
+        if rid is None or stream.inflight_rid != rid or stream.inflight_target is None:
+            return None
+        target = list(stream.inflight_target)
+        if not await self._turn_sent(stream, rid):
+            return None
+        return rid, target
+
+    def _final_plan(self, stream: Stream, held: list[int]) -> Turn:
+        """The final turn from `held` (what the session holds when it runs) to the context."""
+        if stream.error is not None:
+            raise stream.error
+        if not stream.ids:
+            raise EmptyChunk("cannot finish a stream with an empty context", stream.sid)
+        plan = next_turn(held, stream.ids, self.page_size, need_input=True)
+        if plan.keep < len(stream.history):  # only with page_size > 1
+            raise StreamError("a kept-open stream needs page size 1", stream.sid)
+        return plan
 
     async def _put(self, stream: Stream, outputs: asyncio.Queue, out: dict) -> None:
         """Hand one output to the finish's reader; a reader that takes nothing for the idle
@@ -1062,8 +1150,9 @@ class StreamManager:
         self._ended[stream.sid] = reason
         while len(self._ended) > 100_000:
             self._ended.popitem(last=False)
-        if stream.inflight_rid is not None:
-            self.tm.abort_request(rid=stream.inflight_rid)
+        for rid in (stream.inflight_rid, stream.pipelined_rid):
+            if rid is not None:
+                self.tm.abort_request(rid=rid)
         # Closing with a turn in flight is deferred by SGLang until that turn ends.
         await self._close_session(stream.key)
 

@@ -80,10 +80,13 @@ def test_a_stale_turn_is_cancelled_and_the_output_is_unchanged(engine):
 
 def test_a_finish_does_not_wait_behind_its_own_queued_prefill_turn(engine):
     """A stream's prefill turn waits in the queue behind a long plain request (speculative
-    work goes after committed work); the stream finishes meanwhile. The queued turn is
-    cancelled and the final turn, committed work, carries its tokens (`promoted`); before,
-    the final turn waited for that turn, ordered after every committed request."""
+    work goes after committed work); the stream finishes meanwhile. Without the pipelined
+    finish (test_pipelined_finish.py has it), the queued turn is cancelled and the final turn,
+    committed work, carries its tokens (`promoted`); before, the final turn waited for that
+    turn, ordered after every committed request."""
     mgr = engine.streams
+    config = mgr.config
+    mgr.config = config.replace(pipelined_finish=False)  # decided by the manager alone
     more = " ".join(f"fact-{k}" for k in range(120))
 
     async def run() -> tuple[dict, bool]:
@@ -96,7 +99,10 @@ def test_a_finish_does_not_wait_behind_its_own_queued_prefill_turn(engine):
         await plain
         return outs[-1], queued
 
-    out, queued = engine._call(run())
+    try:
+        out, queued = engine._call(run())
+    finally:
+        mgr.config = config
     assert queued, "the plain request ended before the stream's turn was sent"
     counters = out["meta_info"]["stream"]
     assert counters["promoted"] > 0 and counters["cancelled"] == 0, counters
