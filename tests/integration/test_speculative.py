@@ -5,6 +5,7 @@ final output unchanged (float32, greedy, against a plain request)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -29,14 +30,17 @@ def test_speculative_turns_carry_at_most_one_chunk(engine):
 
 
 LONG_PROMPT = "Background: " + CONTEXT * 30  # ~3,000 tokens, seconds of prefill
+_plain_calls = itertools.count()
 
 
 async def queued_behind_plain(engine, sid: str, change) -> tuple[asyncio.Future, bool]:
     """Start a long plain request, then `change()` stream `sid` (an update or an append) once
     the plain request is in; returns the plain request's future and whether it still ran
     when the stream's turn for the change was sent (then that turn queued behind it)."""
+    # A new first line each call: a prompt the prefix cache holds would take no time at all.
+    text = f"Request {next(_plain_calls)}. {LONG_PROMPT}"
     plain = asyncio.ensure_future(
-        engine._generate(text=LONG_PROMPT, sampling_params={"max_new_tokens": 1})
+        engine._generate(text=text, sampling_params={"max_new_tokens": 1})
     )
     tm = engine.engine.tokenizer_manager
     while not tm.rid_to_state:  # the plain request is in
