@@ -43,6 +43,7 @@ def test_launcher_command_lines():
     # a stream's commands and final turn stay on one prefill instance: its id is the key
     assert router[router.index("--prefill-policy") + 1] == "manual"
     assert "--disable-retries" in router  # commands are not idempotent
+    assert "--disable-circuit-breaker" in router  # a dead prefill's streams trip decode's
 
 
 def test_two_prefill_instances_get_their_own_ports():
