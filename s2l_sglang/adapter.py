@@ -353,9 +353,7 @@ def take_replace(req: Any) -> int | None:
     params = req.session_params
     if params is None or not params.replace:
         return None
-    from sglang.srt.managers.io_struct import SessionParams
-
-    req.session_params = SessionParams(id=params.id)
+    plain_append(req)
     return params.offset or 0
 
 

@@ -370,10 +370,15 @@ class StreamScheduling:
             self.counters.turns_cancelled += 1
             return True
         if finishing and is_speculative(rid) and any(w.rid == rid for w in snap.waiting):
-            self.streams[stream_of(rid)] = promote(self.streams, rid, adapter.now())
-            self.promoted.add(rid)
-            self.counters.turns_promoted += 1
+            self._promote(rid, adapter.now())
         return False
+
+    def _promote(self, rid: str, at: float) -> None:
+        """Speculative turn `rid` ranks as committed work from `at` on: its stream is finishing
+        and the final turn waits for it (`sched.decide.promote`)."""
+        self.streams[stream_of(rid)] = promote(self.streams, rid, at)
+        self.promoted.add(rid)
+        self.counters.turns_promoted += 1
 
     # ---- the pipelined finish: a final turn sent while the turn before runs ----------------
 
@@ -406,9 +411,7 @@ class StreamScheduling:
             at = adapter.now()
             for rid in adapter.waiting_rids(scheduler):
                 if stream_of(rid) == key and is_speculative(rid):
-                    self.streams[key] = promote(self.streams, rid, at)
-                    self.promoted.add(rid)
-                    self.counters.turns_promoted += 1
+                    self._promote(rid, at)
             return PARK
         return self._built_on(session, recv_req, after)
 
