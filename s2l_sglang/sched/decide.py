@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import compress
-from operator import itemgetter, not_
+from operator import itemgetter, neg, not_
 from typing import Literal, NamedTuple
 
 from s2l_sglang.rid import MARK, is_final, is_speculative, is_volatile, stream_of
@@ -200,17 +200,79 @@ def _waiting_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[Re
     return out
 
 
+class _Idle(NamedTuple):
+    """The idle streams of a snapshot (a slot holding KV with no turn in flight, of a stream
+    the scheduler knows), without a view each: their slots and infos, and the KV they hold."""
+
+    slots: list[SlotView]
+    infos: list[StreamInfo]
+    kv: int  # the KV preempting all of them frees (their slots' allocated tokens)
+
+
+_SLOT_SID = itemgetter(0)
+_SLOT_HELD = itemgetter(1)  # SlotView.committed
+_SLOT_KV = itemgetter(2)  # SlotView.allocated
+_SLOT_INFLIGHT = itemgetter(3)
+_OPENED, _LAST_CHUNK, _COMPLETE = itemgetter(0), itemgetter(1), itemgetter(2)  # StreamInfo
+
+
+def _idle(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> _Idle:
+    """The idle streams (`_Idle`), found in C-level passes over the slots (at 500 streams a
+    view for each, as `_idle_views` builds them, cost as much as finding the head)."""
+    slots = list(snap.slots.values())
+    slots = list(compress(slots, map(not_, map(_SLOT_INFLIGHT, slots))))
+    infos = list(map(streams.get, map(_SLOT_SID, slots)))
+    if None in infos:  # slots of streams the scheduler does not know are not idle streams
+        slots = list(compress(slots, infos))
+        infos = [i for i in infos if i is not None]
+    return _Idle(slots, infos, sum(map(_SLOT_KV, slots)))
+
+
+def _idle_view(slot: SlotView, info: StreamInfo) -> ReqView:
+    return _new(ReqView, (slot[0], True, info[2], info[0], info[1], slot[1], 0, "idle", False,
+                          slot[2]))  # fmt: skip
+
+
+def _idle_views_of(idle: _Idle) -> list[ReqView]:
+    return list(map(_idle_view, idle.slots, idle.infos))
+
+
 def _idle_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqView]:
     """One `ReqView` per idle stream: a slot holding KV with no turn in flight (see `views`)."""
-    streams_get = streams.get
+    return _idle_views_of(_idle(snap, streams))
+
+
+def _idle_victims(idle: _Idle, rank: str, shortfall: int) -> list[ReqView]:
+    """`_victims` of the idle streams' views for a policy that ranks by `rank`
+    (`Policy.rank`), without their views or a sort: the policy orders idle streams with a
+    final context before the others, each by `rank` then (arrival, rid) ("given": slot order),
+    and victims come lowest priority first, so each is the largest of a key tuple that zip
+    builds in C; usually one or two are taken. tests/unit/test_decide.py checks `decide`
+    against the general planner on random states."""
+    slots, infos = idle.slots, idle.infos
+    partial = map(not_, map(_COMPLETE, infos))
+    if rank == "given":
+        keys = zip(partial, range(len(slots)), strict=True)
+    else:
+        key = (
+            map(_OPENED, infos)
+            if rank == "arrival"
+            else map(_LAST_CHUNK, infos)
+            if rank == "last_chunk"
+            else map(neg, map(_SLOT_HELD, slots))
+        )  # fmt: skip ("held": most first)
+        keys = zip(
+            partial, key, map(_OPENED, infos), map(_SLOT_SID, slots), range(len(slots)), strict=True
+        )
+    candidates = list(compress(keys, map(_SLOT_KV, slots)))  # those holding KV
     out: list[ReqView] = []
-    for slot in snap.slots.values():
-        if slot[3]:  # a turn in flight
-            continue
-        info = streams_get(slot[0])
-        if info is not None:
-            fields = (slot[0], True, info[2], info[0], info[1], slot[1], 0, "idle", False, slot[2])
-            out.append(_new(ReqView, fields))
+    freed = 0
+    while candidates and freed < shortfall:
+        last = max(candidates)
+        candidates.remove(last)
+        i = last[-1]
+        out.append(_idle_view(slots[i], infos[i]))
+        freed += slots[i][2]
     return out
 
 
@@ -303,7 +365,8 @@ def decide(
     found in one pass over the queue (`_head_index`), without a view per request or a sort;
     other policies order the waiting requests' views. The holders are looked at only when the
     head lacks KV, and then only the idle streams when their KV covers the shortfall (they are
-    the first victims), else those and the waiting turns that hold KV (`_holders`). It relies
+    the first victims; for a policy with a `rank`, without their views or a sort:
+    `_idle_victims`), else those and the waiting turns that hold KV (`_holders`). It relies
     on a policy ordering any subset as it orders the whole, as the sort-based built-in ones
     do."""
     drop = tuple(c.sid for c in snap.host if not c.session_open or c.sid in snap.slots)
@@ -359,25 +422,28 @@ def decide(
         need = free_kv + 1  # the count was wrong somewhere: free one victim's KV
     elif need <= free_kv:  # it fits: no idle stream needs looking at
         return done._replace(planned=True) if _at_stake(snap, streams) else done
-    idle = _idle_views(snap, streams)
-    idle_kv = sum(map(_RECLAIMABLE, idle))
-    if free_kv + idle_kv >= need and not speculative:
+    idle = _idle(snap, streams)
+    if free_kv + idle.kv >= need and not speculative:
         # Idle streams alone make room, and they are the first victims (`_victims`): the
-        # waiting requests' views are not needed.
-        shortfall, others = need - free_kv, idle
+        # waiting requests' views are not needed, nor, for a policy that says how it ranks,
+        # the idle streams' own (`_idle_victims`)
+        shortfall = need - free_kv
+        if policy.rank:
+            victims = _idle_victims(idle, policy.rank, shortfall)
+        else:
+            victims = _victims(policy, _idle_views_of(idle), shortfall)
     else:
         # the other waiting requests that hold KV a preemption frees (turns not on their
         # slot yet): only they can be victims, so only their views are built
         held = _waiting_views(snap._replace(waiting=tuple(_holders(snap, hi))), streams)
-        reclaimable = sum(map(_RECLAIMABLE, held)) + idle_kv
+        reclaimable = sum(map(_RECLAIMABLE, held)) + idle.kv
         if not reclaimable and not first.reclaimable_kv:
             return done
         cap = free_kv + reclaimable  # all the KV the head could have
         shortfall = min(need, cap) - free_kv  # <= 0 also when cap <= 0: no victim helps
         if shortfall <= 0 or (speculative and need > cap):  # (swaps would not admit it)
             return done._replace(planned=True)
-        others = held + idle
-    victims = _victims(policy, others, _ALL if speculative else shortfall)
+        victims = _victims(policy, held + _idle_views_of(idle), _ALL if speculative else shortfall)
     preempt: list[Preempt] = []
     host_free = snap.host_free + sum(copies[s].size for s in swap_in)
     freed = 0
@@ -518,44 +584,75 @@ def _head_index(snap: Snapshot, streams: Mapping[str, StreamInfo], rank: str) ->
     sort, for a policy that ranks each class of work by `rank` (`Policy.rank`): the best
     committed request (a plain one, or a turn of a stream whose context is final), else the
     best speculative one, volatile tails (`_demoted`) left out; None if only they wait.
-    tests/unit/test_decide.py checks it against `_head` on random snapshots."""
+    tests/unit/test_decide.py checks it against `_head` on random snapshots.
+
+    The loop is the step's cost at 500 streams (bench/micro_plan.py --step decide): it keeps
+    each class's best as two scalars and breaks a tie of the primary key (`_before`) only
+    when one occurs."""
+    if rank == "given":
+        return _first_given(snap, streams)
     streams_get = streams.get
     slots_get = snap.slots.get
-    given, by_last, by_held = rank == "given", rank == "last_chunk", rank == "held"
-    # per class (committed, speculative): (primary key, (arrival, rid), index); the tie-break
-    # tuple is built only when the primary key does not decide
-    best: list[tuple | None] = [None, None]
+    field = 1 if rank == "last_chunk" else 0  # StreamInfo.last_chunk, else .opened
+    by_held = rank == "held"  # most first
+    c_key = s_key = _INF  # the best key so far, committed and speculative
+    c_i = s_i = -1
     for i, w in enumerate(snap.waiting):
-        rid = w[0]
-        sid, mark, tail = rid.rpartition(MARK)  # stream_of and is_volatile, inline
-        if mark:
-            info = streams_get(sid)
-            if tail[:1] == "v" and (info is None or not info[2]):
-                continue  # a volatile tail (`_demoted`)
-        else:
-            info = None
+        sid, mark, tail = w[0].rpartition(MARK)  # stream_of and is_volatile, inline
+        info = streams_get(sid) if mark else None
         if info is None:
-            cls, arrival, last = 0, w[4], w[4]
+            if mark and tail[:1] == "v":
+                continue  # a volatile tail (`_demoted`)
+            speculative, key = False, w[4]
         else:
-            cls, arrival, last = (0 if info[2] else 1), info[0], info[1]
-        b = best[cls]
-        if given:
-            if b is None:
-                best[cls] = (0, (), i)
-                if not cls:
-                    break  # the first committed request
-            continue
-        if by_last:
-            key = last
-        elif by_held:  # most first
+            speculative = not info[2]
+            if speculative and tail[:1] == "v":
+                continue
+            key = info[field]
+        if by_held:
             slot = slots_get(sid) if mark else None
             key = -slot[1] if slot is not None else 0
-        else:
-            key = arrival
-        if b is None or key < b[0] or (key == b[0] and (arrival, rid) < b[1]):
-            best[cls] = (key, (arrival, rid), i)
-    pick = best[0] or best[1]
-    return None if pick is None else pick[2]
+        if speculative:
+            if key < s_key or (key == s_key and _before(snap, streams, i, s_i)):
+                s_key, s_i = key, i
+        elif key < c_key or (key == c_key and _before(snap, streams, i, c_i)):
+            c_key, c_i = key, i
+    pick = c_i if c_i >= 0 else s_i
+    return None if pick < 0 else pick
+
+
+_INF = float("inf")
+
+
+def _first_given(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> int | None:
+    """`_head_index` for rank "given": the first committed request, else the first
+    speculative one, volatile tails left out."""
+    first_speculative = None
+    for i, w in enumerate(snap.waiting):
+        sid, mark, tail = w[0].rpartition(MARK)
+        info = streams.get(sid) if mark else None
+        if info is None or info[2]:
+            if info is None and mark and tail[:1] == "v":
+                continue
+            return i
+        if first_speculative is None and tail[:1] != "v":
+            first_speculative = i
+    return first_speculative
+
+
+def _before(snap: Snapshot, streams: Mapping[str, StreamInfo], i: int, j: int) -> bool:
+    """Waiting request `i` goes before `j` on the policies' tie-break: arrival (a stream's
+    opening, a plain request's queue entry), then rid. True if `j` < 0 (none yet)."""
+    if j < 0:
+        return True
+
+    def key(n: int) -> tuple[float, str]:
+        w = snap.waiting[n]
+        sid, mark, _ = w[0].rpartition(MARK)
+        info = streams.get(sid) if mark else None
+        return (w[4] if info is None else info[0], w[0])
+
+    return key(i) < key(j)
 
 
 def _at_stake(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> bool:
