@@ -160,6 +160,9 @@ class StreamScheduling:
     _metrics: Any = None
     #: session key -> a final turn waiting for the stream's turn in flight (`park_final`)
     parked: dict[str, Parked] = field(default_factory=dict)
+    #: final turns recorded as their stream's latest turn when `park_final` kept them: SGLang
+    #: creating them later does not record them again (`on_turn`)
+    recorded_kept: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.set_policy(self.config.stream_policy)
@@ -213,7 +216,13 @@ class StreamScheduling:
     # ---- events from the plugin's hooks -----------------------------------------------------
 
     def on_turn(self, rid: str) -> None:
-        """A turn of a stream arrived at the scheduler (its last chunk's arrival)."""
+        """A turn of a stream arrived at the scheduler (its last chunk's arrival). A final
+        turn kept by `park_final` arrived when it was kept (`record_kept`): SGLang creating it
+        at its release is not a new arrival (under `lcas` its rank would be the release time,
+        behind committed work that came while it was kept)."""
+        if rid in self.recorded_kept:
+            self.recorded_kept.discard(rid)
+            return
         sid = stream_of(rid)
         if sid is not None:
             self.streams[sid] = record_turn(self.streams, rid, adapter.now())
@@ -407,13 +416,19 @@ class StreamScheduling:
         if adapter.turn_in_flight(session):
             self.parked[key] = Parked(recv_req, after)
             self.counters.finals_parked += 1
-            self.on_turn(recv_req.rid)
+            self.record_kept(recv_req.rid)
             at = adapter.now()
             for rid in adapter.waiting_rids(scheduler):
                 if stream_of(rid) == key and is_speculative(rid):
                     self._promote(rid, at)
             return PARK
         return self._built_on(session, recv_req, after)
+
+    def record_kept(self, rid: str) -> None:
+        """Final turn `rid`, kept while its session's turn runs, arrived now: its stream's
+        context is final from now on (`on_turn` leaves this record when SGLang creates it)."""
+        self.on_turn(rid)
+        self.recorded_kept.add(rid)
 
     def _built_on(self, session: Any, recv_req: Any, after: str) -> str:
         """PASS if the session's last finished turn is `after`; otherwise REBASE, the turn's
@@ -434,6 +449,8 @@ class StreamScheduling:
             if session is not None and adapter.turn_in_flight(session):
                 continue
             del self.parked[key]
+            if session is None:  # SGLang aborts it without creating it
+                self.recorded_kept.discard(parked.req.rid)
             if parked.aborted is not None:
                 adapter.plain_append(parked.req)
                 out.append((parked.req, parked.aborted))
