@@ -176,7 +176,6 @@ def snapshot(
         free_kv=free,
         available=available,
         chunked_next=chunked_next(scheduler),
-        chunked_rid=scheduler.chunked_req.rid if scheduler.chunked_req is not None else "",
         host=host_copies(scheduler, host),
         host_free=host.free_tokens if host is not None else 0,
         admit_extra=admit_extra(scheduler),
@@ -253,11 +252,6 @@ def model_dtype(scheduler: Any) -> str:
 
 def server_args(scheduler: Any) -> Any:
     return scheduler.server_args
-
-
-def on_cpu(scheduler: Any) -> bool:
-    """The engine runs on a CPU device (`ServerArgs.device`)."""
-    return str(scheduler.server_args.device) == "cpu"
 
 
 def max_total_tokens(scheduler: Any) -> int:
@@ -445,7 +439,6 @@ def check_contract(scheduler: Any) -> list[str]:
         "page_size": lambda: int(scheduler.tree_cache.page_size) >= 1,
         "live_counts": lambda: live_counts(scheduler)["dp_rank"] >= 0,
         "model_dtype": lambda: bool(model_dtype(scheduler)),
-        "server_args.device": lambda: isinstance(on_cpu(scheduler), bool),
         "max_total_tokens": lambda: max_total_tokens(scheduler) > 0,
         "request_dispatcher": lambda: scheduler._request_dispatcher is not None,
         "CLIP_MAX_NEW_TOKENS": lambda: _clip_max_new() > 0,

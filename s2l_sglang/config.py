@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 _ATTR = "_s2l_config"
-#: `StreamConfig.speculative_batching` choices
-SPECULATIVE_BATCHING = ("auto", "alone", "mixed")
 
 
 @dataclass(frozen=True)
@@ -64,13 +62,6 @@ class StreamConfig:
     #: it until that turn has ended and hands it to the very next step (False: the manager
     #: waits for that turn's result, then sends the final turn)
     pipelined_finish: bool = True
-    #: whether a prefill batch may carry speculative turns beside committed work: `alone`
-    #: (speculative turns wait while committed work is admitted or mid-prefill: on a CPU a
-    #: step's time grows with every token in it, so speculative tokens in the last step of
-    #: a committed request delay its first token), `mixed` (they take the token budget
-    #: committed work leaves: on a GPU those tokens cost little), `auto` (`alone` on a CPU
-    #: device, else `mixed`)
-    speculative_batching: str = "auto"
 
     def __post_init__(self) -> None:
         from s2l_sglang.sched.policy import policy_names
@@ -97,11 +88,6 @@ class StreamConfig:
         if not isinstance(self.speculative_chunk, int) or self.speculative_chunk <= 0:
             raise ValueError(
                 f"speculative_chunk must be a positive integer: {self.speculative_chunk!r}"
-            )
-        if self.speculative_batching not in SPECULATIVE_BATCHING:
-            raise ValueError(
-                f"speculative_batching {self.speculative_batching!r}: choose one of "
-                f"{list(SPECULATIVE_BATCHING)}"
             )
         if self.speculative_reserve is not None and (
             not isinstance(self.speculative_reserve, int) or self.speculative_reserve < 0
@@ -215,15 +201,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.pipelined_finish,
         help="at a finish, wait for the stream's prefill turn in flight before sending the "
         "final turn (default: send it at once; the scheduler holds it until that turn ends)",
-    )
-    group.add_argument(
-        "--stream-speculative-batching",
-        dest="speculative_batching",
-        choices=SPECULATIVE_BATCHING,
-        default=d.speculative_batching,
-        help="whether a prefill batch may carry speculative turns beside committed work: "
-        "alone (they wait while committed work is admitted), mixed (they take the token "
-        "budget it leaves), auto (alone on a CPU device; default: %(default)s)",
     )
     group.add_argument(
         "--stream-hold-back-settle",

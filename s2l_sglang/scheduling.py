@@ -32,7 +32,6 @@ from s2l_sglang.sched.decide import (
     decide,
     decide_order,
     hold,
-    hold_alone,
     lifted,
     may_cancel,
     needs_order,
@@ -89,13 +88,6 @@ class SchedCounters:
     #: stalls that lasted `SPEC_STALL_S` (`sched.decide.lifted`): speculative work was then
     #: planned as committed work (no reserve, victims recomputed where not swapped)
     stall_lifts: int = 0
-    #: admissions in which the waiting speculative turns were kept out because committed
-    #: work waited or was mid-prefill (`speculative_batching` alone: `sched.decide.hold_alone`)
-    admissions_speculative_kept_out: int = 0
-    #: prompt tokens of speculative turns taken from the waiting queue into a batch that
-    #: prefilled committed work too (0 with `alone`; a speculative turn mid-prefill that
-    #: SGLang continues first is not counted: it is the one chunk committed work may wait for)
-    speculative_beside_committed: int = 0
     #: KV tokens released by recompute for speculative work (only ever after such a stall)
     tokens_preempted_for_speculative: int = 0
     #: final turns sent without waiting for their stream's prefill turn in flight (built on
@@ -171,10 +163,6 @@ class StreamScheduling:
     #: final turns recorded as their stream's latest turn when `park_final` kept them: SGLang
     #: creating them later does not record them again (`on_turn`)
     recorded_kept: set[str] = field(default_factory=set)
-    #: speculative turns keep out of batches with committed work (None: not resolved yet)
-    alone: bool | None = None
-    #: identities of the requests in SGLang's waiting queue as the admission began
-    queued_ids: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.set_policy(self.config.stream_policy)
@@ -281,13 +269,6 @@ class StreamScheduling:
         if order is not None:
             adapter.reorder(scheduler, order)
         if holding:
-            alone = self._alone(scheduler) and hold_alone(snap, self.streams)
-            if alone:
-                taken = adapter.hold_out(scheduler, alone)
-                self.held.extend(taken)
-                self.all_held = len(taken) == len(rids)
-                self.counters.admissions_speculative_kept_out += 1
-                return
             held = hold(snap, self.streams, order)
             if held:
                 taken = adapter.hold_out(scheduler, held)
@@ -296,13 +277,6 @@ class StreamScheduling:
                 new = set(held) - self.held_rids
                 self.counters.turns_held_for_kv += len(new)
                 self.held_rids |= new
-
-    def _alone(self, scheduler: Any) -> bool:
-        """Speculative turns keep out of batches with committed work (`speculative_batching`)."""
-        if self.alone is None:
-            mode = self.config.speculative_batching
-            self.alone = mode == "alone" or (mode == "auto" and adapter.on_cpu(scheduler))
-        return self.alone
 
     def begin_admission(self) -> None:
         """SGLang starts an admission (`get_new_batch_prefill`): turns may be held out."""
@@ -502,7 +476,6 @@ class StreamScheduling:
         not volatile) waiting as SGLang builds a prefill batch: rid -> identity."""
         at = adapter.now()
         ids = adapter.waiting_ids(scheduler)
-        self.queued_ids = set(ids.values())
         waiting = {}
         for rid, entered in adapter.waiting_entries(scheduler, at):
             if self._speculative(rid):
@@ -531,11 +504,6 @@ class StreamScheduling:
             if not self._speculative(a.rid)
         ]
         c = self.counters
-        if committed and spec:  # speculative turns taken from the queue, beside committed work
-            queued = self.queued_ids
-            c.speculative_beside_committed += sum(
-                a.extend_len for a in admitted if a.obj_id in queued and self._speculative(a.rid)
-            )
         for rid, obj_id in waiting.items():
             if rid in self.spec_waited:  # a speculative turn: volatile work ahead of it
                 if obj_id in ids:

@@ -109,8 +109,6 @@ class Snapshot(NamedTuple):
     #: KV, in tokens, that speculative work leaves free for committed work: a speculative turn
     #: is admitted only into free KV beyond it (`hold`), and preempts for it only by swap
     spec_reserve: int = 0
-    #: the rid of the request mid-prefill (SGLang's chunked request; "": none)
-    chunked_rid: str = ""
 
 
 class Preempt(NamedTuple):
@@ -515,35 +513,6 @@ def hold(
             need = view.pending + snap.admit_extra + w.prefix_free
         budget -= need
     return tuple(held)
-
-
-def _is_speculative_work(rid: str, streams: Mapping[str, StreamInfo]) -> bool:
-    """A prefill turn of a stream whose context is not final (a promoted one, or one of a
-    stream the scheduler does not know, ranks as committed work: `_waiting_views`)."""
-    if not is_speculative(rid):
-        return False
-    info = streams.get(stream_of(rid) or "")
-    return info is not None and not info.complete
-
-
-def hold_alone(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> tuple[str, ...]:
-    """The speculative turns to keep out of this step's admission because committed work
-    (a plain request, a final or promoted turn) waits or is mid-prefill: the batch is then
-    committed work's alone (`StreamConfig.speculative_batching` "alone"). On a CPU a prefill
-    step's time grows with each token in it, so speculative tokens that fill the budget a
-    committed request's last chunk leaves delay its first token by their own prefill time;
-    held, they run in a step of their own, and a committed request that arrives meanwhile
-    waits for at most that step (one speculative chunk). Nothing is held after a long stall
-    (`lifted`), nor when only speculative work waits."""
-    if lifted(snap):
-        return ()
-    spec = [w.rid for w in snap.waiting if _is_speculative_work(w.rid, streams)]
-    if not spec:
-        return ()
-    chunked = snap.chunked_rid
-    if len(spec) < len(snap.waiting) or (chunked and not _is_speculative_work(chunked, streams)):
-        return tuple(spec)
-    return ()
 
 
 #: seconds a committed request's KV need keeps the automatic reserve up after it was last seen

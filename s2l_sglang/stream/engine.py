@@ -31,7 +31,6 @@ class StreamEngine:
         hold_back: bool = True,
         hold_back_settle: float = 1.0,
         pipelined_finish: bool = True,
-        speculative_batching: str = "auto",
         **engine_kwargs: Any,
     ):
         """`stream_policy`: the scheduler's stream policy (`default`, `fcfs`, `lcas`, `mcps`;
@@ -47,9 +46,7 @@ class StreamEngine:
         `hold_back_settle`: once the stream has been quiet for a while (at most that many
         seconds; see `StreamConfig`). `pipelined_finish`: a finish sends the final turn at
         once, and the scheduler holds it until the turn in flight ends (False: the manager
-        waits for that turn first). `speculative_batching`: `alone` (speculative turns wait
-        while committed work is admitted), `mixed` (they take the budget it leaves), `auto`
-        (alone on a CPU). A bad value is a ValueError here, before anything
+        waits for that turn first). A bad value is a ValueError here, before anything
         starts. Other arguments go to
         `sgl.Engine` (the embedded model and CPU defaults unless overridden)."""
         import sglang as sgl
@@ -67,7 +64,6 @@ class StreamEngine:
             hold_back=hold_back,
             hold_back_settle=hold_back_settle,
             pipelined_finish=pipelined_finish,
-            speculative_batching=speculative_batching,
         )
         kwargs = default_kwargs(**engine_kwargs)
         kwargs.setdefault("log_level", "error")  # as sgl.Engine does for keyword arguments

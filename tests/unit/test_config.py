@@ -21,7 +21,6 @@ from s2l_sglang.config import StreamConfig, attach, of_server_args, split_argv
         {"max_body_bytes": 0},
         {"speculative_reserve": -1},
         {"speculative_reserve": "half"},
-        {"speculative_batching": "sometimes"},
     ],
 )
 def test_an_invalid_value_is_refused_at_construction(bad):
@@ -39,10 +38,8 @@ def test_defaults_are_valid_and_round_trip_through_a_dict():
 def test_serve_argv_is_split_into_ours_and_sglangs():
     argv = ["--port", "30001", "--stream-policy", "mcps", "--stream-idle-timeout=0"]
     argv += ["--stream-interval", "4", "--max-stream-body-bytes", "1024", "--dtype", "bfloat16"]
-    argv += ["--stream-speculative-reserve", "2048", "--stream-speculative-batching", "mixed"]
+    argv += ["--stream-speculative-reserve", "2048"]
     config, rest = split_argv(argv)
-    assert config.speculative_batching == "mixed"
-    assert StreamConfig().speculative_batching == "auto"
     assert config.stream_policy == "mcps"
     assert config.speculative_reserve == 2048
     assert StreamConfig().speculative_reserve is None  # automatic by default

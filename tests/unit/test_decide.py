@@ -39,7 +39,6 @@ from s2l_sglang.sched.decide import (
     decide,
     decide_order,
     hold,
-    hold_alone,
     may_cancel,
     promote,
     record_turn,
@@ -615,31 +614,6 @@ def test_hold_keeps_speculative_turns_out_of_the_reserve():
     hit = r._replace(waiting=(waiting(turn_rid("b", 2), 400, hit=300, max_new=0),), free_kv=650)
     assert hold(hit, streams) == (turn_rid("b", 2),)  # 400 > 650 - 300
     assert hold(hit._replace(free_kv=700), streams) == ()
-
-
-def test_hold_alone_keeps_speculative_turns_out_of_committed_works_batch():
-    """`hold_alone` (speculative_batching "alone"): while committed work waits or is
-    mid-prefill, every speculative turn (volatile tails too) waits for a step of its own;
-    promoted turns and turns of unknown streams are committed work."""
-    streams = {**STREAMS, "d": StreamInfo(opened=4.0, last_chunk=8.0)}
-    spec = (waiting(turn_rid("a", 2), 300), waiting(volatile_rid("d", 3), 100))
-    alone = snap(*spec)
-    assert hold_alone(alone, streams) == ()  # only speculative work waits: it runs
-    with_final = snap(waiting(final_rid("c"), 50), *spec)
-    assert hold_alone(with_final, streams) == (turn_rid("a", 2), volatile_rid("d", 3))
-    with_plain = snap(*spec, waiting("plain-1", 50))
-    assert hold_alone(with_plain, streams) == (turn_rid("a", 2), volatile_rid("d", 3))
-    # a committed request mid-prefill: its last chunk gets its step alone too
-    assert hold_alone(alone._replace(chunked_rid="plain-2"), streams) == (
-        turn_rid("a", 2), volatile_rid("d", 3))  # fmt: skip
-    assert hold_alone(alone._replace(chunked_rid=turn_rid("b", 4)), streams) == ()
-    # a promoted turn is committed work: never held, and it keeps the others out
-    promoted = streams | {"a": streams["a"]._replace(complete=True)}
-    assert hold_alone(alone, promoted) == (volatile_rid("d", 3),)
-    unknown = snap(waiting(turn_rid("x", 1), 50), *spec)  # a stream the scheduler lost
-    assert hold_alone(unknown, streams) == (turn_rid("a", 2), volatile_rid("d", 3))
-    # a long stall lifts it
-    assert hold_alone(with_final._replace(stalled_s=SPEC_STALL_S), streams) == ()
 
 
 def test_committed_need_is_the_largest_committed_request_with_no_prefix_cached():
