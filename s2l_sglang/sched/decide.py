@@ -260,7 +260,7 @@ def _idle_victims(idle: _Idle, rank: str, shortfall: int) -> list[ReqView]:
             else map(_LAST_CHUNK, infos)
             if rank == "last_chunk"
             else map(neg, map(_SLOT_HELD, slots))
-        )  # fmt: skip ("held": most first)
+        )  # "held": most first
         keys = zip(
             partial, key, map(_OPENED, infos), map(_SLOT_SID, slots), range(len(slots)), strict=True
         )
