@@ -176,6 +176,7 @@ def snapshot(
         free_kv=free,
         available=available,
         chunked_next=chunked_next(scheduler),
+        chunked_rid=scheduler.chunked_req.rid if scheduler.chunked_req is not None else "",
         host=host_copies(scheduler, host),
         host_free=host.free_tokens if host is not None else 0,
         admit_extra=admit_extra(scheduler),

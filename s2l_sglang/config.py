@@ -41,8 +41,9 @@ class StreamConfig:
     max_body_bytes: int = 8 << 20
     #: on a PD prefill instance: the router that its streams' final turns go through
     pd_router: str | None = None
-    #: most new tokens in one prefill turn of a context that is not final (speculative work):
-    #: a final context or a plain request waits behind at most this much of it
+    #: most new tokens in one prefill turn of a context that is not final (speculative work),
+    #: and in one prefill step, however many such turns wait (`sched.decide.cap_step`): a
+    #: final context or a plain request waits behind at most this much of it
     speculative_chunk: int = 512
     #: KV tokens that speculative work (prefill of contexts not final) leaves free for
     #: committed work (final turns, plain requests); None: the largest committed request seen
@@ -173,8 +174,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d.speculative_chunk,
         metavar="TOKENS",
-        help="most new tokens in one prefill turn of a context that is not final; a final "
-        "context waits behind at most one such turn (default: %(default)s)",
+        help="most new tokens in one prefill turn of a context that is not final, and in "
+        "one prefill step; a final context waits behind at most this much such work "
+        "(default: %(default)s)",
     )
     group.add_argument(
         "--stream-speculative-reserve",

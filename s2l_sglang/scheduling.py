@@ -28,6 +28,7 @@ from s2l_sglang.sched.decide import (
     RecentMax,
     Snapshot,
     StreamInfo,
+    cap_step,
     committed_need,
     decide,
     decide_order,
@@ -85,6 +86,12 @@ class SchedCounters:
     #: speculative turns kept out of an admission at least once, so that speculative KV
     #: leaves `spec_reserve` free for committed work (`sched.decide.hold`)
     turns_held_for_kv: int = 0
+    #: admissions in which speculative turns were kept out so that one step prefills at most
+    #: `speculative_chunk` speculative tokens (`sched.decide.cap_step`)
+    admissions_capped: int = 0
+    #: most prompt tokens of speculative turns prefilled in one step (a mid-prefill one's
+    #: chunk included): at most `speculative_chunk` but for a stall (`lifted`)
+    speculative_step_max: int = 0
     #: stalls that lasted `SPEC_STALL_S` (`sched.decide.lifted`): speculative work was then
     #: planned as committed work (no reserve, victims recomputed where not swapped)
     stall_lifts: int = 0
@@ -277,6 +284,14 @@ class StreamScheduling:
                 new = set(held) - self.held_rids
                 self.counters.turns_held_for_kv += len(new)
                 self.held_rids |= new
+            if lifted(snap):
+                return
+            capped = cap_step(snap, self.streams, self.config.speculative_chunk, order, set(held))
+            if capped:
+                taken = adapter.hold_out(scheduler, capped)
+                self.held.extend(taken)
+                self.all_held = len(self.held) == len(rids)
+                self.counters.admissions_capped += 1
 
     def begin_admission(self) -> None:
         """SGLang starts an admission (`get_new_batch_prefill`): turns may be held out."""
@@ -495,6 +510,8 @@ class StreamScheduling:
         self.counters.plain_admitted += sum(1 for a in admitted if stream_of(a.rid) is None)
         ids = {a.obj_id for a in admitted}
         spec = sum(a.extend_len for a in admitted if self._speculative(a.rid))
+        c = self.counters
+        c.speculative_step_max = max(c.speculative_step_max, spec)
         volatile = sum(
             a.extend_len for a in admitted if self._speculative(a.rid) and is_volatile(a.rid)
         )
@@ -503,7 +520,6 @@ class StreamScheduling:
             for a in admitted
             if not self._speculative(a.rid)
         ]
-        c = self.counters
         for rid, obj_id in waiting.items():
             if rid in self.spec_waited:  # a speculative turn: volatile work ahead of it
                 if obj_id in ids:

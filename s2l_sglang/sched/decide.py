@@ -109,6 +109,8 @@ class Snapshot(NamedTuple):
     #: KV, in tokens, that speculative work leaves free for committed work: a speculative turn
     #: is admitted only into free KV beyond it (`hold`), and preempts for it only by swap
     spec_reserve: int = 0
+    #: the rid of the request mid-prefill (SGLang's chunked request; "": none)
+    chunked_rid: str = ""
 
 
 class Preempt(NamedTuple):
@@ -512,6 +514,56 @@ def hold(
         else:
             need = view.pending + snap.admit_extra + w.prefix_free
         budget -= need
+    return tuple(held)
+
+
+def _is_speculative_work(rid: str, streams: Mapping[str, StreamInfo]) -> bool:
+    """A prefill turn of a stream whose context is not final (a turn of a stream the
+    scheduler does not know, or one already promoted, ranks as committed work)."""
+    if not is_speculative(rid):
+        return False
+    info = streams.get(stream_of(rid) or "")
+    return info is not None and not info.complete
+
+
+def cap_step(
+    snap: Snapshot,
+    streams: Mapping[str, StreamInfo],
+    limit: int,
+    order: Sequence[str] | None = None,
+    skip: frozenset[str] | set[str] = frozenset(),
+) -> tuple[str, ...]:
+    """The speculative turns to keep out of this step's admission so that the step prefills
+    at most `limit` speculative tokens (`speculative_chunk`): a committed request that arrives
+    while a step runs then waits for at most that much speculative work, however many
+    streams have turns waiting (each turn is at most `limit` tokens, but SGLang would batch
+    several up to its whole `chunked_prefill_size`; on a CPU a step's time grows with each
+    token in it).
+
+    Walking the waiting queue in `order` (rids; None: the snapshot's), as SGLang's admission
+    does, and leaving out `skip` (turns already held), a speculative turn is charged the
+    tokens it would prefill (its prompt beyond its slot's tokens or its prefix hit, at least
+    1); the mid-prefill request's next chunk is charged first when it is speculative. The
+    first speculative turn is always let in when nothing speculative runs yet, so speculative
+    work always progresses. Committed work is not charged: it never waits for the cap."""
+    if limit <= 0:
+        return ()
+    chunked = snap.chunked_rid
+    used = snap.chunked_next if chunked and _is_speculative_work(chunked, streams) else 0
+    by_rid = {w.rid: w for w in snap.waiting}
+    slots_get = snap.slots.get
+    held: list[str] = []
+    for rid in order if order is not None else by_rid:
+        w = by_rid.get(rid)
+        if w is None or rid in skip or not _is_speculative_work(rid, streams):
+            continue
+        slot = slots_get(stream_of(rid) or "")
+        hit = max(slot.committed if slot is not None else 0, w.prefix_hit)
+        tokens = max(w.prompt_len - hit, 1)
+        if used and used + tokens > limit:
+            held.append(rid)
+            continue
+        used += tokens
     return tuple(held)
 
 

@@ -39,7 +39,7 @@ class StreamEngine:
         `recompute`; `swap`). `host_kv_tokens`: the host pool for swapped KV (default: the
         device pool's size). `idle_timeout`: seconds before a quiet stream is aborted (None:
         never). `speculative_chunk`: most new tokens per prefill turn of a context not yet
-        final (a final context waits behind at most one). `speculative_reserve`: KV tokens
+        final, and per prefill step (a final context waits behind at most that much). `speculative_reserve`: KV tokens
         that such prefill leaves free for final contexts and plain requests (None: the
         largest seen, at most half the pool). `hold_back`: in update mode, the
         tail a refinement rewrote is prefilled only at the lowest priority, and

@@ -4,7 +4,8 @@ Runs `fairness_run.py` in its own process (see there): six streams keep three ti
 prefill budget of speculative turns waiting, while plain requests and final turns arrive. The
 scheduler counts, per committed request, the speculative prompt tokens SGLang admitted while it
 waited: never more than one speculative chunk (the remainder of a turn SGLang had already
-started chunking). Plain requests and final turns keep their arrival order under fcfs and lcas
+started chunking); and per step, the speculative tokens prefilled: never more than one chunk
+either, though the step's budget holds two. Plain requests and final turns keep their arrival order under fcfs and lcas
 (no newer committed work admitted ahead of an older one), every output equals the same
 request's on an idle engine (float32), and the speculative streams are all prefilled in the end.
 """
@@ -43,6 +44,10 @@ def test_committed_work_waits_for_at_most_one_speculative_chunk(result, policy):
     assert c["policy"] == policy
     assert c["committed_admitted"] >= 5, c  # 3 plain requests and 2 final turns, at least
     assert c["speculative_ahead_max"] <= result["speculative_chunk"], c
+    # no step prefilled more than one chunk of speculative work, though six turns of a chunk
+    # each waited and the step's budget holds two
+    assert 0 < c["speculative_step_max"] <= result["speculative_chunk"], c
+    assert c["admissions_capped"] > 0, c
     if policy in ("fcfs", "lcas"):  # committed work in arrival order
         assert c["newer_committed_ahead_max"] == 0, c
     assert got["plain"] == got["plain_ref"]

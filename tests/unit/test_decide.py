@@ -35,6 +35,7 @@ from s2l_sglang.sched.decide import (
     _head,
     _head_index,
     _waiting_views,
+    cap_step,
     committed_need,
     decide,
     decide_order,
@@ -614,6 +615,40 @@ def test_hold_keeps_speculative_turns_out_of_the_reserve():
     hit = r._replace(waiting=(waiting(turn_rid("b", 2), 400, hit=300, max_new=0),), free_kv=650)
     assert hold(hit, streams) == (turn_rid("b", 2),)  # 400 > 650 - 300
     assert hold(hit._replace(free_kv=700), streams) == ()
+
+
+def test_cap_step_keeps_one_steps_speculative_tokens_within_the_limit():
+    """`cap_step` walks the queue in admission order: speculative turns are charged what they
+    would prefill (beyond their slot or prefix hit) until the next one would pass the limit;
+    committed work is never held and never charged; the first speculative turn always goes
+    in unless a speculative request is already mid-prefill."""
+    streams = {**STREAMS, "d": StreamInfo(opened=4.0, last_chunk=8.0)}
+    s = snap(
+        waiting(turn_rid("a", 2), 900, max_new=0),  # a's slot holds 700: it prefills 200
+        waiting(final_rid("c"), 5_000, max_new=0),  # committed: not charged, not held
+        waiting(turn_rid("b", 2), 100, max_new=0),
+        waiting(volatile_rid("d", 3), 300, hit=100, max_new=0),  # 200 past its prefix hit
+        slots=[SlotView("a", 700, 700, inflight=True)],
+    )
+    order = [w.rid for w in s.waiting]
+    assert cap_step(s, streams, 256, order) == (turn_rid("b", 2), volatile_rid("d", 3))
+    assert cap_step(s, streams, 300, order) == (volatile_rid("d", 3),)  # 200 + 100, then 500
+    assert cap_step(s, streams, 500, order) == ()
+    assert cap_step(s, streams, 100, order) == (turn_rid("b", 2), volatile_rid("d", 3))
+    # in another order the others are charged first; the first always goes in
+    assert cap_step(s, streams, 100, order[::-1]) == (turn_rid("b", 2), turn_rid("a", 2))
+    # a turn `hold` already took out is not charged
+    assert cap_step(s, streams, 300, order, {turn_rid("a", 2)}) == ()
+    # a promoted turn is committed work
+    done = streams | {"b": streams["b"]._replace(complete=True)}
+    assert cap_step(s, done, 256, order) == (volatile_rid("d", 3),)
+    assert cap_step(s, done, 400, order) == ()
+    # a speculative request mid-prefill is charged its next chunk first; a committed one is not
+    mid = s._replace(chunked_next=150, chunked_rid=turn_rid("d", 1))
+    assert cap_step(mid, streams, 256, order) == (turn_rid("a", 2), volatile_rid("d", 3))
+    plain = mid._replace(chunked_rid="plain-1")
+    assert cap_step(plain, streams, 256, order) == (turn_rid("b", 2), volatile_rid("d", 3))
+    assert cap_step(s, streams, 0, order) == ()  # no limit
 
 
 def test_committed_need_is_the_largest_committed_request_with_no_prefix_cached():
