@@ -33,6 +33,7 @@ from s2l_sglang.sched.decide import (
     decide,
     decide_order,
     hold,
+    is_speculative_work,
     lifted,
     may_cancel,
     needs_order,
@@ -90,7 +91,8 @@ class SchedCounters:
     #: `speculative_chunk` speculative tokens (`sched.decide.cap_step`)
     admissions_capped: int = 0
     #: most prompt tokens of speculative turns prefilled in one step (a mid-prefill one's
-    #: chunk included): at most `speculative_chunk` but for a stall (`lifted`)
+    #: chunk included; a turn of a stream whose context has become final is committed work
+    #: here, as `cap_step` counts it): at most `speculative_chunk` but for a stall (`lifted`)
     speculative_step_max: int = 0
     #: stalls that lasted `SPEC_STALL_S` (`sched.decide.lifted`): speculative work was then
     #: planned as committed work (no reserve, victims recomputed where not swapped)
@@ -511,7 +513,9 @@ class StreamScheduling:
         ids = {a.obj_id for a in admitted}
         spec = sum(a.extend_len for a in admitted if self._speculative(a.rid))
         c = self.counters
-        c.speculative_step_max = max(c.speculative_step_max, spec)
+        streams = self.streams
+        step = sum(a.extend_len for a in admitted if is_speculative_work(a.rid, streams))
+        c.speculative_step_max = max(c.speculative_step_max, step)
         volatile = sum(
             a.extend_len for a in admitted if self._speculative(a.rid) and is_volatile(a.rid)
         )

@@ -517,7 +517,7 @@ def hold(
     return tuple(held)
 
 
-def _is_speculative_work(rid: str, streams: Mapping[str, StreamInfo]) -> bool:
+def is_speculative_work(rid: str, streams: Mapping[str, StreamInfo]) -> bool:
     """A prefill turn of a stream whose context is not final (a turn of a stream the
     scheduler does not know, or one already promoted, ranks as committed work)."""
     if not is_speculative(rid):
@@ -549,13 +549,13 @@ def cap_step(
     if limit <= 0:
         return ()
     chunked = snap.chunked_rid
-    used = snap.chunked_next if chunked and _is_speculative_work(chunked, streams) else 0
+    used = snap.chunked_next if chunked and is_speculative_work(chunked, streams) else 0
     by_rid = {w.rid: w for w in snap.waiting}
     slots_get = snap.slots.get
     held: list[str] = []
     for rid in order if order is not None else by_rid:
         w = by_rid.get(rid)
-        if w is None or rid in skip or not _is_speculative_work(rid, streams):
+        if w is None or rid in skip or not is_speculative_work(rid, streams):
             continue
         slot = slots_get(stream_of(rid) or "")
         hit = max(slot.committed if slot is not None else 0, w.prefix_hit)
