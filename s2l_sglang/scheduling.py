@@ -28,6 +28,7 @@ from s2l_sglang.sched.decide import (
     RecentMax,
     Snapshot,
     StreamInfo,
+    _waiting_views,
     cap_step,
     committed_need,
     decide,
@@ -278,7 +279,8 @@ class StreamScheduling:
         if order is not None:
             adapter.reorder(scheduler, order)
         if holding:
-            held = hold(snap, self.streams, order)
+            views_ = _waiting_views(snap, self.streams)  # shared by hold and cap_step
+            held = hold(snap, self.streams, order, views_)
             if held:
                 taken = adapter.hold_out(scheduler, held)
                 self.held.extend(taken)
@@ -288,7 +290,8 @@ class StreamScheduling:
                 self.held_rids |= new
             if lifted(snap):
                 return
-            capped = cap_step(snap, self.streams, self.config.speculative_chunk, order, set(held))
+            limit = self.config.speculative_chunk
+            capped = cap_step(snap, self.streams, limit, order, set(held), views_)
             if capped:
                 taken = adapter.hold_out(scheduler, capped)
                 self.held.extend(taken)

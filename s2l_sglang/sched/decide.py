@@ -478,7 +478,10 @@ def lifted(snap: Snapshot) -> bool:
 
 
 def hold(
-    snap: Snapshot, streams: Mapping[str, StreamInfo], order: Sequence[str] | None = None
+    snap: Snapshot,
+    streams: Mapping[str, StreamInfo],
+    order: Sequence[str] | None = None,
+    views_: Sequence[ReqView] | None = None,
 ) -> tuple[str, ...]:
     """The speculative turns to keep out of this step's admission, so that speculative KV
     leaves `snap.spec_reserve` tokens free for committed work (final turns, plain requests).
@@ -497,7 +500,8 @@ def hold(
     KV that committed work releases let it in later."""
     if snap.spec_reserve <= 0 or lifted(snap):
         return ()
-    views_ = _waiting_views(snap, streams)
+    if views_ is None:  # `_waiting_views(snap, streams)`, which the caller may share
+        views_ = _waiting_views(snap, streams)
     by_rid = {v.rid: (v, w) for v, w in zip(views_, snap.waiting, strict=True)}
     budget = snap.free_kv - snap.chunked_next - snap.spec_reserve
     held: list[str] = []
@@ -532,6 +536,7 @@ def cap_step(
     limit: int,
     order: Sequence[str] | None = None,
     skip: frozenset[str] | set[str] = frozenset(),
+    views_: Sequence[ReqView] | None = None,
 ) -> tuple[str, ...]:
     """The speculative turns to keep out of this step's admission so that the step prefills
     at most `limit` speculative tokens (`speculative_chunk`): a committed request that arrives
@@ -545,21 +550,24 @@ def cap_step(
     tokens it would prefill (its prompt beyond its slot's tokens or its prefix hit, at least
     1); the mid-prefill request's next chunk is charged first when it is speculative. The
     first speculative turn is always let in when nothing speculative runs yet, so speculative
-    work always progresses. Committed work is not charged: it never waits for the cap."""
+    work always progresses. Committed work is not charged: it never waits for the cap.
+    `views_`: `_waiting_views(snap, streams)`, if the caller has them (`hold` uses the same)."""
     if limit <= 0:
         return ()
     chunked = snap.chunked_rid
     used = snap.chunked_next if chunked and is_speculative_work(chunked, streams) else 0
-    by_rid = {w.rid: w for w in snap.waiting}
-    slots_get = snap.slots.get
+    # the views `hold` and the order use: a turn's class, and its pending tokens (its prompt
+    # beyond its slot's tokens or its prefix hit, at least 1) plus its output budget
+    by_rid = {
+        v.rid: v.pending - w.max_new
+        for v, w in zip(views_ or _waiting_views(snap, streams), snap.waiting, strict=True)
+        if v.is_stream and not v.complete and is_speculative(v.rid)
+    }
     held: list[str] = []
     for rid in order if order is not None else by_rid:
-        w = by_rid.get(rid)
-        if w is None or rid in skip or not is_speculative_work(rid, streams):
+        tokens = by_rid.get(rid)
+        if tokens is None or rid in skip:
             continue
-        slot = slots_get(stream_of(rid) or "")
-        hit = max(slot.committed if slot is not None else 0, w.prefix_hit)
-        tokens = max(w.prompt_len - hit, 1)
         if used and used + tokens > limit:
             held.append(rid)
             continue
