@@ -236,6 +236,8 @@ def _release_parked_finals(self, *args, **kwargs):
                 adapter.abort_waiting(self, req.rid, verdict)
         except Exception:
             _hook_failed(f"releasing parked final turn {req.rid}")
+        finally:
+            stream_scheduling().handed_over(req.rid)
     return None
 
 

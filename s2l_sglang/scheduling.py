@@ -28,7 +28,6 @@ from s2l_sglang.sched.decide import (
     RecentMax,
     Snapshot,
     StreamInfo,
-    _waiting_views,
     cap_step,
     committed_need,
     decide,
@@ -40,6 +39,7 @@ from s2l_sglang.sched.decide import (
     needs_order,
     promote,
     record_turn,
+    waiting_views,
 )
 from s2l_sglang.sched.policy import get_policy
 from s2l_sglang.sched.preemption import Preemption, get_preemption
@@ -279,7 +279,7 @@ class StreamScheduling:
         if order is not None:
             adapter.reorder(scheduler, order)
         if holding:
-            views_ = _waiting_views(snap, self.streams)  # shared by hold and cap_step
+            views_ = waiting_views(snap, self.streams)  # shared by hold and cap_step
             held = hold(snap, self.streams, order, views_)
             if held:
                 taken = adapter.hold_out(scheduler, held)
@@ -449,6 +449,12 @@ class StreamScheduling:
         context is final from now on (`on_turn` leaves this record when SGLang creates it)."""
         self.on_turn(rid)
         self.recorded_kept.add(rid)
+
+    def handed_over(self, rid: str) -> None:
+        """Kept final turn `rid` was handed to SGLang (`release_parked`): if SGLang did not
+        create it (it rejected the request before its session took it), `on_turn` never came
+        and its record is dropped here, so `recorded_kept` holds only turns still kept."""
+        self.recorded_kept.discard(rid)
 
     def _built_on(self, session: Any, recv_req: Any, after: str) -> str:
         """PASS if the session's last finished turn is `after`; otherwise REBASE, the turn's

@@ -176,7 +176,7 @@ def _demoted(v: ReqView) -> bool:
 _new = tuple.__new__  # a ReqView from a field tuple, without NamedTuple's Python-level __new__
 
 
-def _waiting_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqView]:
+def waiting_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqView]:
     """One `ReqView` per waiting request, in the snapshot's order (see `views`)."""
     out: list[ReqView] = []
     append = out.append
@@ -287,7 +287,7 @@ def views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqView]:
     own class. Its KV need is what SGLang's admission asks: the extend past its prefix hit (or
     past what its stream's slot holds) plus its clipped output budget.
     """
-    return _waiting_views(snap, streams) + _idle_views(snap, streams)
+    return waiting_views(snap, streams) + _idle_views(snap, streams)
 
 
 def needs_order(rids: list[str], keep_sglang_order: bool) -> bool:
@@ -319,7 +319,7 @@ def decide_order(
     each class, and nothing to do while no speculative turn waits."""
     if not needs_order([w.rid for w in snap.waiting], keep_sglang_order):
         return None
-    return tuple(_committed_first(policy.order(_waiting_views(snap, streams))))
+    return tuple(_committed_first(policy.order(waiting_views(snap, streams))))
 
 
 def _head(policy: Policy, waiting: list[ReqView]) -> ReqView:
@@ -377,7 +377,7 @@ def decide(
     copies = {c.sid: c for c in snap.host if c.sid not in drop}
     hi = _head_index(snap, streams, policy.rank) if policy.rank else None
     if hi is None:
-        waiting = _waiting_views(snap, streams)
+        waiting = waiting_views(snap, streams)
         first = _head(policy, waiting)
         hi = waiting.index(first)
     else:
@@ -437,7 +437,7 @@ def decide(
     else:
         # the other waiting requests that hold KV a preemption frees (turns not on their
         # slot yet): only they can be victims, so only their views are built
-        held = _waiting_views(snap._replace(waiting=tuple(_holders(snap, hi))), streams)
+        held = waiting_views(snap._replace(waiting=tuple(_holders(snap, hi))), streams)
         reclaimable = sum(map(_RECLAIMABLE, held)) + idle.kv
         if not reclaimable and not first.reclaimable_kv:
             return done
@@ -500,8 +500,8 @@ def hold(
     KV that committed work releases let it in later."""
     if snap.spec_reserve <= 0 or lifted(snap):
         return ()
-    if views_ is None:  # `_waiting_views(snap, streams)`, which the caller may share
-        views_ = _waiting_views(snap, streams)
+    if views_ is None:  # `waiting_views(snap, streams)`, which the caller may share
+        views_ = waiting_views(snap, streams)
     by_rid = {v.rid: (v, w) for v, w in zip(views_, snap.waiting, strict=True)}
     budget = snap.free_kv - snap.chunked_next - snap.spec_reserve
     held: list[str] = []
@@ -551,7 +551,7 @@ def cap_step(
     1); the mid-prefill request's next chunk is charged first when it is speculative. The
     first speculative turn is always let in when nothing speculative runs yet, so speculative
     work always progresses. Committed work is not charged: it never waits for the cap.
-    `views_`: `_waiting_views(snap, streams)`, if the caller has them (`hold` uses the same)."""
+    `views_`: `waiting_views(snap, streams)`, if the caller has them (`hold` uses the same)."""
     if limit <= 0:
         return ()
     chunked = snap.chunked_rid
@@ -560,7 +560,7 @@ def cap_step(
     # beyond its slot's tokens or its prefix hit, at least 1) plus its output budget
     by_rid = {
         v.rid: v.pending - w.max_new
-        for v, w in zip(views_ or _waiting_views(snap, streams), snap.waiting, strict=True)
+        for v, w in zip(views_ or waiting_views(snap, streams), snap.waiting, strict=True)
         if v.is_stream and not v.complete and is_speculative(v.rid)
     }
     held: list[str] = []
@@ -610,20 +610,19 @@ class RecentMax:
 
 def committed_need(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> int:
     """The most KV a committed waiting request (a plain one, or a turn of a stream whose
-    context is final) would ask with no prefix cached: its prompt and output budget."""
+    context is final, or of a stream the scheduler does not know: `is_speculative_work`'s
+    classes, which `cap_step` and the order use) would ask with no prefix cached: its prompt
+    and output budget."""
     most = 0
     for w in snap.waiting:
-        if is_speculative(w.rid):
-            info = streams.get(stream_of(w.rid) or "")
-            if info is None or not info.complete:
-                continue
-        most = max(most, w.prompt_len + w.max_new)
+        if not is_speculative_work(w.rid, streams):
+            most = max(most, w.prompt_len + w.max_new)
     return most
 
 
 def _holders(snap: Snapshot, skip: int = -1) -> Iterator[WaitingReq]:
     """The waiting requests but `snap.waiting[skip]` whose view has reclaimable KV: stream
-    turns not on their slot yet whose slot holds KV (`_waiting_views`' `reclaimable_kv`)."""
+    turns not on their slot yet whose slot holds KV (`waiting_views`' `reclaimable_kv`)."""
     slots_get = snap.slots.get
     for i, w in enumerate(snap.waiting):
         if w.borrowed or i == skip:
@@ -635,8 +634,8 @@ def _holders(snap: Snapshot, skip: int = -1) -> Iterator[WaitingReq]:
 
 
 def _view_at(snap: Snapshot, streams: Mapping[str, StreamInfo], i: int) -> ReqView:
-    """The view of waiting request `i` (as `_waiting_views` builds it)."""
-    return _waiting_views(snap._replace(waiting=(snap.waiting[i],)), streams)[0]
+    """The view of waiting request `i` (as `waiting_views` builds it)."""
+    return waiting_views(snap._replace(waiting=(snap.waiting[i],)), streams)[0]
 
 
 def _head_index(snap: Snapshot, streams: Mapping[str, StreamInfo], rank: str) -> int | None:

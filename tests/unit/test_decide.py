@@ -34,7 +34,6 @@ from s2l_sglang.sched.decide import (
     WaitingReq,
     _head,
     _head_index,
-    _waiting_views,
     cap_step,
     committed_need,
     decide,
@@ -44,6 +43,7 @@ from s2l_sglang.sched.decide import (
     promote,
     record_turn,
     views,
+    waiting_views,
 )
 from s2l_sglang.sched.planner import choose_victims, plan
 from s2l_sglang.sched.policy import get_policy
@@ -488,7 +488,7 @@ def test_the_one_pass_head_is_the_policys_next_admission_on_random_states(policy
         if i is None:
             assert all(is_volatile(w.rid) for w in s.waiting)
             continue
-        ws = _waiting_views(s, streams)
+        ws = waiting_views(s, streams)
         assert ws[i] == _head(pol, ws), s
         checked += 1
     assert checked > 1000
@@ -661,6 +661,8 @@ def test_committed_need_is_the_largest_committed_request_with_no_prefix_cached()
     )
     assert committed_need(s, STREAMS) == 320
     assert committed_need(snap(waiting(turn_rid("a", 1), 5_000)), STREAMS) == 0
+    # a turn of a stream the scheduler does not know ranks as committed work, so it counts
+    assert committed_need(snap(waiting(turn_rid("zz", 1), 700, max_new=0)), STREAMS) == 700
 
 
 def test_the_automatic_reserve_forgets_a_large_request_after_its_window():

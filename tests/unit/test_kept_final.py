@@ -35,3 +35,16 @@ def test_a_kept_final_ranks_from_its_arrival_not_its_release(clock):
     assert sched.streams["s"].last_chunk == 20.0 and not sched.streams["s"].complete
     sched.on_turn(final_rid("s", 1))
     assert sched.streams["s"].complete
+
+
+def test_a_kept_final_that_sglang_rejects_leaves_no_record(clock):
+    """Handed over at its release but never created by SGLang (rejected before its session
+    took it): `on_turn` does not come, and `handed_over` drops the record."""
+    sched = StreamScheduling()
+    sched.on_turn(turn_rid("s", 1))
+    sched.record_kept(final_rid("s"))
+    assert sched.recorded_kept == {final_rid("s")}
+    sched.handed_over(final_rid("s"))
+    assert not sched.recorded_kept
+    sched.on_turn(final_rid("s"))  # created after all: recorded as an arrival, nothing kept
+    assert not sched.recorded_kept and sched.streams["s"].complete
