@@ -24,6 +24,21 @@ from typing import Any
 
 _ATTR = "_s2l_config"
 
+#: `speculative_chunk`'s default by device. CPU: measured on the 2-core host (bfloat16, the
+#: crawler at 0.4 QPS, two seeds x 3 interleaved repeats each, bench/results/README.md
+#: "speculative_chunk 256 on a CPU"): against SGLang's streaming sessions in the same runs,
+#: 256 over 512 was 1.03x [0.96, 1.10] at p50, 1.13x [1.03, 1.27] at p95, 1.21x [1.01, 1.41]
+#: at p99. GPU: 512, the earlier default on every device; no GPU run has measured it.
+SPECULATIVE_CHUNK_CPU = 256
+SPECULATIVE_CHUNK_GPU = 512
+
+
+def default_speculative_chunk() -> int:
+    """`speculative_chunk` when none is given: 256 on a CPU host, 512 on a GPU."""
+    from s2l_sglang.defaults import is_cpu_host
+
+    return SPECULATIVE_CHUNK_CPU if is_cpu_host() else SPECULATIVE_CHUNK_GPU
+
 
 @dataclass(frozen=True)
 class StreamConfig:
@@ -43,8 +58,9 @@ class StreamConfig:
     pd_router: str | None = None
     #: most new tokens in one prefill turn of a context that is not final (speculative work),
     #: and in one prefill step, however many such turns wait (`sched.decide.cap_step`): a
-    #: final context or a plain request waits behind at most this much of it
-    speculative_chunk: int = 512
+    #: final context or a plain request waits behind at most this much of it. Default
+    #: `default_speculative_chunk()`: 256 on a CPU host, 512 on a GPU
+    speculative_chunk: int = dataclasses.field(default_factory=default_speculative_chunk)
     #: KV tokens that speculative work (prefill of contexts not final) leaves free for
     #: committed work (final turns, plain requests); None: the largest committed request seen
     #: waiting in the last `RESERVE_WINDOW_S` (60) seconds (its prompt and output budget, at
@@ -176,7 +192,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help="most new tokens in one prefill turn of a context that is not final, and in "
         "one prefill step; a final context waits behind at most this much such work "
-        "(default: %(default)s)",
+        f"(default: {SPECULATIVE_CHUNK_CPU} on a CPU host, {SPECULATIVE_CHUNK_GPU} on a GPU; "
+        "here %(default)s)",
     )
     group.add_argument(
         "--stream-speculative-reserve",

@@ -259,6 +259,15 @@ def paper_rows(result: dict) -> list[str]:
     return lines + [""]
 
 
+def _stream_settings(engines: list[dict]) -> str:
+    """The scheduling settings in force (older results, and servers, do not record them)."""
+    config = next((e["stream_config"] for e in engines if e.get("stream_config")), None)
+    if config is None:
+        return ""
+    keys = ("speculative_chunk", "speculative_reserve", "hold_back", "pipelined_finish")
+    return "; stream settings " + ", ".join(f"{k} {config.get(k)}" for k in keys if k in config)
+
+
 def _header(result: dict) -> list[str]:
     cfg, machine = result["config"], result["machine"]
     starts = ", ".join(f"{e['policy']} {e['start_s']:.0f} s" for e in result["engines"])
@@ -280,7 +289,8 @@ def _header(result: dict) -> list[str]:
         f"- code: {machine.get('git', '?')}; SGLang {machine.get('sglang', '?')}, "
         f"torch {machine.get('torch', '?')}",
         f"- model: {cfg['model']}; engine arguments {cfg['engine_kwargs'] or '{}'}; "
-        f"{'in-process engine' if cfg['target'] == 'engine' else 'HTTP server ' + cfg['target']}",
+        f"{'in-process engine' if cfg['target'] == 'engine' else 'HTTP server ' + cfg['target']}"
+        + _stream_settings(result["engines"]),
         "- queries: "
         + ", ".join(
             f"{w['name']} {w['queries']} at {', '.join(f'{r:.3g}' for r in w['rates'])} QPS"

@@ -59,6 +59,16 @@ def _start_engine(preset: Preset, policy: str):
     return engine, time.perf_counter() - t0
 
 
+def _engine_entry(policy: str, started: float, engine) -> dict:
+    """An engine start as results record it: its policy, start time and stream settings (the
+    device-dependent defaults resolved, e.g. `speculative_chunk`)."""
+    entry = {"policy": policy, "start_s": started}
+    config = getattr(engine, "config", None)
+    if config is not None:
+        entry["stream_config"] = config.as_dict()
+    return entry
+
+
 def _engine_can_switch() -> bool:
     from s2l_sglang.stream.engine import StreamEngine
 
@@ -163,7 +173,7 @@ def run_bench(
             log(f"starting the engine (stream policy {first}) ...")
             owned, started = _start_engine(preset, first)
             backend = EngineBackend(owned)
-            engines.append({"policy": first, "start_s": started})
+            engines.append(_engine_entry(first, started, owned))
         tok = backend.tokenizer
         queries = build_queries(preset, backend.encode, lambda ids, tok=tok: tok.decode(ids))
         if preset.paper is not None:
@@ -186,7 +196,7 @@ def run_bench(
                 log(f"starting the engine (stream policy {plan.policy}) ...")
                 owned, started = _start_engine(preset, plan.policy)
                 backend = EngineBackend(owned)
-                engines.append({"policy": plan.policy, "start_s": started})
+                engines.append(_engine_entry(plan.policy, started, owned))
             runs += execute_plan(backend, plan, i, ctx)
     finally:
         if bar is not None:

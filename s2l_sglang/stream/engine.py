@@ -26,7 +26,7 @@ class StreamEngine:
         stream_policy: str = "default",
         preemption: str = "auto",
         host_kv_tokens: int | None = None,
-        speculative_chunk: int = 512,
+        speculative_chunk: int | None = None,
         speculative_reserve: int | None = None,
         hold_back: bool = True,
         hold_back_settle: float = 1.0,
@@ -39,7 +39,8 @@ class StreamEngine:
         `recompute`; `swap`). `host_kv_tokens`: the host pool for swapped KV (default: the
         device pool's size). `idle_timeout`: seconds before a quiet stream is aborted (None:
         never). `speculative_chunk`: most new tokens per prefill turn of a context not yet
-        final, and per prefill step (a final context waits behind at most that much). `speculative_reserve`: KV tokens
+        final, and per prefill step (a final context waits behind at most that much; None:
+        256 on a CPU host, 512 on a GPU). `speculative_reserve`: KV tokens
         that such prefill leaves free for final contexts and plain requests (None: the
         largest seen, at most half the pool). `hold_back`: in update mode, the
         tail a refinement rewrote is prefilled only at the lowest priority, and
@@ -59,7 +60,7 @@ class StreamEngine:
             preemption=preemption,
             host_kv_tokens=host_kv_tokens,
             stream_idle_timeout=idle_timeout,
-            speculative_chunk=speculative_chunk,
+            **({} if speculative_chunk is None else {"speculative_chunk": speculative_chunk}),
             speculative_reserve=speculative_reserve,
             hold_back=hold_back,
             hold_back_settle=hold_back_settle,

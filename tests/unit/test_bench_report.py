@@ -89,7 +89,13 @@ def make_result() -> dict:
             "delay_scale": 1.0,
             "max_new_tokens": 1,
         },
-        "engines": [{"policy": "default", "start_s": 40.0}],
+        "engines": [
+            {
+                "policy": "default",
+                "start_s": 40.0,
+                "stream_config": {"speculative_chunk": 256, "hold_back": True},
+            }
+        ],
         "interleave": {"method": "one engine", "seed": 0, "repeats": 2},
         "probe": {
             "tokens": 1000,
@@ -206,6 +212,8 @@ def test_markdown_tables(tmp_path, result):
     assert cells(ann, "| `wait`")[10] == "0" and cells(ann, "| `wait`")[6] == "baseline"
     assert "Errors: `sessions`: timed out" in ann
     assert "![TTFT CCDF]" not in md  # no figures were written
+    # the stream settings in force, device defaults resolved, are in the header
+    assert "stream settings speculative_chunk 256, hold_back True" in md
 
 
 def test_markdown_lists_replays_in_run_order_with_drift_flags(result):

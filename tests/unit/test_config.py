@@ -68,3 +68,29 @@ def test_the_config_travels_on_sglangs_server_args_to_child_processes():
     child = pickle.loads(pickle.dumps(server_args))  # what SGLang's process spawn does
     assert of_server_args(child) == config
     assert child.model_path == "dummy"
+
+
+def test_the_speculative_chunk_defaults_by_device(monkeypatch):
+    """256 on a CPU host (this machine), 512 on a GPU; a value given is kept. The GPU case
+    fakes the device query only (`defaults.is_cpu_host`): no GPU here."""
+    from s2l_sglang import defaults
+
+    assert defaults.is_cpu_host()
+    assert StreamConfig().speculative_chunk == 256
+    assert split_argv([])[0].speculative_chunk == 256
+    assert split_argv(["--stream-speculative-chunk", "384"])[0].speculative_chunk == 384
+    monkeypatch.setattr(defaults, "is_cpu_host", lambda: False)
+    assert StreamConfig().speculative_chunk == 512
+    assert StreamConfig(speculative_chunk=64).speculative_chunk == 64
+    config = StreamConfig()  # resolved once, where it is built: its processes get the value
+    monkeypatch.undo()
+    assert StreamConfig().speculative_chunk == 256
+    assert StreamConfig.from_dict(config.as_dict()).speculative_chunk == 512
+
+
+def test_stream_engine_leaves_the_speculative_chunk_to_the_device_default():
+    import inspect
+
+    from s2l_sglang.stream.engine import StreamEngine
+
+    assert inspect.signature(StreamEngine).parameters["speculative_chunk"].default is None
