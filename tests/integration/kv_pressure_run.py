@@ -35,9 +35,9 @@ def wait_prefilled(eng, sid: str, timeout: float = 300.0) -> None:
         time.sleep(0.05)
 
 
-def engine(policy: str, preemption: str, chunk: int = 128):
+def engine(policy: str, preemption: str, chunk: int = 128, **stream):
     """An engine with the small KV pool, idle streams never aborted, and KV that nobody holds
-    failing SGLang's idle check."""
+    failing SGLang's idle check; `stream`: more StreamEngine settings."""
     from s2l_sglang.stream.engine import StreamEngine
 
     os.environ["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"
@@ -49,6 +49,7 @@ def engine(policy: str, preemption: str, chunk: int = 128):
         max_total_tokens=POOL_TOKENS,
         context_length=512,
         chunked_prefill_size=chunk,
+        **stream,
     )
 
 
@@ -97,8 +98,11 @@ def run_locked_prefix(policy: str) -> dict:
     holds its context and goes idle. The stream must give its KV up for it; if the plan counts
     the locked prefix as free, nothing is preempted, SGLang admits nothing, and nothing else
     would ever free the KV (the stall fallback would, after `STALL_STEPS` steps: counted)."""
-    # the stream prefills for many steps while the request waits
-    eng = engine(policy, "recompute", chunk=16)
+    # The stream prefills for many steps while the request waits, as one turn: with
+    # `speculative_chunk` below its ~320 tokens (256, the CPU default) its context goes in as
+    # two turns, the request is admitted between them while it still fits, and the plan's
+    # count is never put to the test (checked: no preemption, no stall, with either count).
+    eng = engine(policy, "recompute", chunk=16, speculative_chunk=512)
     cached = context(0) + QUESTION
     eng.generate(prompt=cached, sampling_params=GREEDY)  # its KV stays as evictable cache
     before = eng.sched_counters()
@@ -165,6 +169,7 @@ def run_reserve(policy: str) -> dict:
     }
     return {
         "pool": POOL_TOKENS,
+        "speculative_chunk": eng.config.speculative_chunk,
         "sizes": sizes,
         "prompt": len(tok.encode(prompt)),
         "plain": plain,
