@@ -400,6 +400,39 @@ def take_after(recv_req: Any) -> str | None:
     return after
 
 
+def turn_base(new_req: Any, recv_req: Any) -> int:
+    """The tokens a stream turn's session held when SGLang created its request `new_req`
+    from `recv_req` (after any rollback): what the turn is appended to."""
+    return len(new_req.origin_input_ids) - len(recv_req.input_ids)
+
+
+def merge_queued_turn(scheduler: Any, recv_req: Any, rid: str, base: int, message: str) -> bool:
+    """A final turn `recv_req` built on stream turn `rid` (its `session_params.rid`, already
+    taken off), arriving while `rid` still waits in the queue without its session's KV slot:
+    abort `rid` (with `message`; SGLang ends it as if it never ran, and the session holds
+    its `base` tokens again) and make `recv_req` carry the tokens of `rid` that it keeps, so
+    that the final turn is built on what the session holds. True if done; False (nothing
+    changed) if `rid` does not wait, or has borrowed its slot (an abort would drop the slot).
+
+    The final turn keeps `keep` tokens of `rid`'s target (its `offset` when it rolls back,
+    else all of them): at or past `base`, it appends `target[base:keep]` before its own
+    tokens; below `base` its rollback to `keep` stands as it is."""
+    req = next((r for r in scheduler.waiting_queue if r.rid == rid), None)
+    if req is None:
+        return False
+    slot = scheduler.tree_cache.session.slots.get(stream_of(rid))
+    if slot is not None and req.kv is slot.kv:
+        return False
+    target = list(req.origin_input_ids)  # copied: SGLang trims the shared array on abort
+    params = recv_req.session_params
+    keep = (params.offset or 0) if params.replace else len(target)
+    abort_waiting(scheduler, rid, message)
+    if keep >= base:
+        recv_req.input_ids = target[base:keep] + list(recv_req.input_ids)
+        plain_append(recv_req)
+    return True
+
+
 def plain_append(recv_req: Any) -> None:
     """Drop a turn's update-mode rollback (`replace`, `offset`): a turn that will be aborted
     before it runs must not roll its session back."""

@@ -955,7 +955,9 @@ class StreamManager:
             stream.cancelled_rid = None
         if after is not None and stream.pump is not None:  # the turn before, as committed
             await asyncio.wait({stream.pump})
-        invalidated = len(stream.held) - plan.keep
+        # a final turn merged with the turn it was built on keeps what that turn would have
+        # held: only what the session held before that turn can be invalidated here
+        invalidated = max(0, len(stream.held) - plan.keep)
         stream.held = target
         prompt, cached = meta.get("prompt_tokens", len(target)), meta.get("cached_tokens", 0)
         delta = StreamCounters(prefilled=prompt - cached, reused=cached, invalidated=invalidated)
@@ -1055,8 +1057,15 @@ class StreamManager:
                 pending.append(self._as_stream_output(stream, out))
 
             rid = final_rid(stream.key, stream.generations)
+            promoted = stream.counters.promoted
             try:
                 final = await self._turn(stream, plan, params, rid, sink, base, after)
+                carried = stream.counters.promoted - promoted
+                if after is not None and carried:  # merged with the turn it was built on
+                    # that turn's tokens the final turn kept were not prefilled either: the
+                    # session held `base` tokens, what that turn was appended to
+                    base = len(after[1]) - carried
+                    unprefilled += max(0, plan.keep - base)
             except Rebased:  # the turn it was built on did not finish: again, on what is held
                 pending.clear()
                 if stream.pump is not None:
@@ -1094,6 +1103,10 @@ class StreamManager:
         target = list(stream.inflight_target)
         if not await self._turn_sent(stream, rid):
             return None
+        # the scheduler cancels that turn if it still waits in the queue, and the final turn
+        # carries its tokens (`StreamScheduling.merge_into_final`): counted as promoted
+        if stream.cancelled_rid != rid:  # (unless a stale-turn cancel went meanwhile)
+            stream.cancelled_rid, stream.cancel_for_final = rid, True
         return rid, target
 
     def _final_plan(self, stream: Stream, held: list[int]) -> Turn:

@@ -53,17 +53,21 @@ def test_the_final_turn_is_sent_built_on_the_turn_in_flight(engine):
     assert out["output_ids"] == reference(engine, CONTEXT + MORE + QUESTION)["output_ids"]
 
 
-async def finish_queued(engine, sid: str, meanwhile=None) -> tuple[Any, bool]:
+async def finish_queued(engine, sid: str, meanwhile=None, before_final=None) -> tuple[Any, bool]:
     """Open `sid` and let it prefill; append MORE while a long plain request runs, so that the
-    append's turn waits in the queue; finish. `meanwhile(stream)` runs once the final turn is
-    on its way. Returns (the last output, or the exception the reader got; whether the turn
-    was queued when sent)."""
+    append's turn waits in the queue; finish. `before_final(stream)` runs once the finish has
+    decided to pipeline, before the final turn goes; `meanwhile(stream)` once the final turn
+    is on its way. Returns (the last output, or the exception the reader got; whether the
+    turn was queued when sent)."""
     mgr = engine.streams
     await mgr.open(sid, GREEDY, CONTEXT)
     await mgr.wait_prefilled(sid)
     plain, queued = await queued_behind_plain(engine, sid, lambda: mgr.append(sid, MORE))
     stream = mgr.streams[sid]
     gen = await mgr.finish(sid, QUESTION)
+    if before_final is not None:  # the final turn goes at the reader's first call
+        assert stream.pipeline_after is not None
+        before_final(stream)
     first = asyncio.ensure_future(anext(gen))
     if meanwhile is not None:
         while stream.pipelined_rid is None:  # the final turn is on its way
@@ -78,31 +82,76 @@ async def finish_queued(engine, sid: str, meanwhile=None) -> tuple[Any, bool]:
     return result, queued
 
 
-def test_a_queued_turn_is_promoted_and_the_final_turn_parked_behind_it(engine):
-    """The append's turn waits in the queue behind a long plain request; the finish parks the
-    final turn behind it, and the scheduler ranks that turn as committed work from then on."""
+def test_a_queued_turn_is_merged_into_the_final_turn(engine):
+    """The append's turn waits in the queue behind a long plain request (not on its session's
+    slot); the final turn, built on it, does not wait for it to be admitted and prefilled: the
+    scheduler cancels it and the final turn carries its tokens, as committed work
+    (`finals_merged`). (Before, the final turn was parked behind it, and under memory pressure
+    such a turn, a volatile tail ranked after all other work, held finals for up to 2.6 s.)"""
     before = engine.sched_counters()
-    out, queued = engine._call(finish_queued(engine, "pipe-promote"))
+    out, queued = engine._call(finish_queued(engine, "pipe-merge"))
     after = engine.sched_counters()
     assert queued, "the plain request ended before the stream's turn was sent"
-    assert after["finals_parked"] == before["finals_parked"] + 1, (before, after)
+    assert after["finals_merged"] == before["finals_merged"] + 1, (before, after)
     assert after["finals_pipelined"] == before["finals_pipelined"] + 1, (before, after)
-    assert after["turns_promoted"] == before["turns_promoted"] + 1, (before, after)
+    assert after["finals_parked"] == before["finals_parked"], (before, after)
+    assert after["turns_promoted"] == before["turns_promoted"], (before, after)
     assert after["hook_errors"] == 0
+    meta = out["meta_info"]["stream"]
+    more = len(engine.tokenizer.encode(MORE, add_special_tokens=False))
+    assert meta["promoted"] > 0 and meta["cancelled"] == 0, meta
+    # none of MORE was prefilled when the final chunk came: the queued turn's part neither
+    assert meta["unprefilled_at_finish"] >= more - 2, (meta, more)
     assert out["output_ids"] == reference(engine, CONTEXT + MORE + QUESTION)["output_ids"]
 
 
+def test_a_merged_final_turn_rolls_back_what_the_final_context_rewrote(engine):
+    """Update mode: the update's turn (a rollback, then the new tail) waits in the queue; a
+    last update rewrites the end of that turn's tokens (too few for a stale-turn cancel), and
+    the finish is built on the queued turn. Merged, the final turn keeps what the session held
+    before that turn, appends the part of the turn the final context keeps, then its own: the
+    prompt is the final text's, and the output a plain request's."""
+    mgr = engine.streams
+    v1 = "Notes. " + " ".join(f"fact-{k}" for k in range(80))
+    v2 = v1[:200] + " ".join(f"revised-{k}" for k in range(60))  # a rollback, then a tail
+    v3 = v2[: v2.rindex(" revised-56")] + " and so on."  # rewrites a few of v2's last tokens
+
+    async def run() -> tuple[dict, bool]:
+        await mgr.open("pipe-merge-update", GREEDY, v1)
+        await mgr.wait_prefilled("pipe-merge-update")
+        plain, queued = await queued_behind_plain(
+            engine, "pipe-merge-update", lambda: mgr.update("pipe-merge-update", v2)
+        )
+        stream = mgr.streams["pipe-merge-update"]
+        await mgr.update("pipe-merge-update", v3)
+        cancelled = stream.cancelled_rid  # a stale-turn cancel would end the test's point
+        outs = [o async for o in await mgr.finish("pipe-merge-update", QUESTION)]
+        await plain
+        return outs[-1], queued and cancelled is None
+
+    before = engine.sched_counters()
+    out, queued = engine._call(run())
+    after = engine.sched_counters()
+    assert queued, "the update's turn was not queued, or was cancelled as stale"
+    assert after["finals_merged"] == before["finals_merged"] + 1, (before, after)
+    assert after["hook_errors"] == 0
+    meta = out["meta_info"]["stream"]
+    assert meta["promoted"] > 0 and meta["invalidated"] > 0, meta
+    assert out["output_ids"] == reference(engine, v3 + QUESTION)["output_ids"]
+
+
 def test_a_final_turn_whose_turn_before_is_cancelled_is_sent_again(engine):
-    """A stale-turn cancel for the turn in flight crosses the finish (sent after the final
-    turn, as one sent just before the finish could arrive): the queued turn is cancelled, the
-    parked final turn is sent back and sent again on what the session holds."""
+    """A stale-turn cancel for the turn in flight crosses the finish (it reaches the scheduler
+    after the finish decided to pipeline, before the final turn built on that turn): the
+    queued turn is cancelled, and the final turn is sent back and sent again on what the
+    session holds."""
     mgr = engine.streams
 
-    async def cancel(stream) -> None:
+    def cancel(stream) -> None:  # dispatched before the final turn (asyncio runs in order)
         mgr._cancel(stream, stream.inflight_rid, for_final=False)
 
     before = engine.sched_counters()
-    out, queued = engine._call(finish_queued(engine, "pipe-rebase", cancel))
+    out, queued = engine._call(finish_queued(engine, "pipe-rebase", before_final=cancel))
     after = engine.sched_counters()
     assert queued, "the plain request ended before the stream's turn was sent"
     assert after["finals_rebased"] == before["finals_rebased"] + 1, (before, after)
