@@ -30,6 +30,7 @@ moves any of these fails one test that points here.
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -423,12 +424,17 @@ def merge_queued_turn(scheduler: Any, recv_req: Any, rid: str, base: int, messag
     slot = scheduler.tree_cache.session.slots.get(stream_of(rid))
     if slot is not None and req.kv is slot.kv:
         return False
-    target = list(req.origin_input_ids)  # copied: SGLang trims the shared array on abort
+    target = req.origin_input_ids[:]  # a copy: SGLang trims the shared array on abort
     params = recv_req.session_params
     keep = (params.offset or 0) if params.replace else len(target)
     abort_waiting(scheduler, rid, message)
     if keep >= base:
-        recv_req.input_ids = target[base:keep] + list(recv_req.input_ids)
+        # the type SGLang gave it (array("q")): a session's first request keeps it as is
+        ids = recv_req.input_ids
+        head = list(target[base:keep])
+        merged = array(ids.typecode, head) if isinstance(ids, array) else head
+        merged.extend(ids)
+        recv_req.input_ids = merged
         plain_append(recv_req)
     return True
 

@@ -40,7 +40,7 @@ def test_the_final_turn_is_sent_built_on_the_turn_in_flight(engine):
     """The final turn goes without waiting for the turn in flight, carrying only what that turn
     does not; SGLang ingests it between steps, so it finds that turn ended, in most cases."""
     before = engine.sched_counters()
-    out = engine._call(finish_with_turn_in_flight(engine, "pipe-park"))
+    out = engine._call(finish_with_turn_in_flight(engine, "pipe-sent"))
     after = engine.sched_counters()
     assert after["finals_pipelined"] == before["finals_pipelined"] + 1, (before, after)
     assert after["finals_rebased"] == before["finals_rebased"]
@@ -105,6 +105,31 @@ def test_a_queued_turn_is_merged_into_the_final_turn(engine):
     assert out["output_ids"] == reference(engine, CONTEXT + MORE + QUESTION)["output_ids"]
 
 
+def test_a_stream_whose_first_turn_is_queued_is_finished_with_it_merged(engine):
+    """The stream opens while a long plain request runs, so its first turn waits in the queue
+    and its session has no finished turn; the finish merges that turn into the final turn,
+    which becomes the session's first request (SGLang takes its ids as they are: they must
+    keep SGLang's array type, or its next step fails)."""
+    mgr = engine.streams
+
+    async def run() -> tuple[dict, bool]:
+        plain, queued = await queued_behind_plain(
+            engine, "pipe-merge-first", lambda: mgr.open("pipe-merge-first", GREEDY, CONTEXT)
+        )
+        outs = [o async for o in await mgr.finish("pipe-merge-first", QUESTION)]
+        await plain
+        return outs[-1], queued
+
+    before = engine.sched_counters()
+    out, queued = engine._call(run())
+    after = engine.sched_counters()
+    assert queued, "the plain request ended before the stream's turn was sent"
+    assert after["finals_merged"] == before["finals_merged"] + 1, (before, after)
+    assert after["hook_errors"] == 0
+    assert out["output_ids"] == reference(engine, CONTEXT + QUESTION)["output_ids"]
+    assert reference(engine, CONTEXT)["output_ids"]  # the engine serves on
+
+
 def test_a_merged_final_turn_rolls_back_what_the_final_context_rewrote(engine):
     """Update mode: the update's turn (a rollback, then the new tail) waits in the queue; a
     last update rewrites the end of that turn's tokens (too few for a stale-turn cancel), and
@@ -162,6 +187,69 @@ def test_a_final_turn_whose_turn_before_is_cancelled_is_sent_again(engine):
     assert out["output_ids"] == reference(engine, CONTEXT + MORE + QUESTION)["output_ids"]
 
 
+#: ~4,500 tokens: one turn of them takes several of the engine's 1,024-token prefill steps
+MANY = " ".join(f"item-{k}" for k in range(1500))
+
+
+def many(sid: str) -> str:
+    """MANY, new to the prefix cache for each stream (cached, it would take no time)."""
+    return f"List {sid}: {MANY}"
+
+
+async def finish_mid_prefill(engine, sid: str, meanwhile=None) -> Any:
+    """Open `sid` and let it prefill; append MANY as one turn (the manager's turn size raised
+    for this call) and finish once that turn has left the queue, SGLang prefilling it in
+    chunks: the final turn arrives while it runs, so it can neither be merged nor handed over,
+    and is parked. `meanwhile(stream)` runs once the final turn is on its way. Returns the
+    last output, or the exception the reader got."""
+    from s2l_sglang.stream.manager import sched_counters_from
+
+    mgr = engine.streams
+    tm = engine.engine.tokenizer_manager
+    await mgr.open(sid, GREEDY, CONTEXT)
+    await mgr.wait_prefilled(sid)
+    config = mgr.config
+    mgr.config = config.replace(speculative_chunk=8192)
+    try:
+        await mgr.append(sid, many(sid))
+        stream = mgr.streams[sid]
+        while stream.inflight_rid not in tm.rid_to_state:  # the turn is sent
+            await asyncio.sleep(0.005)
+        while True:  # the scheduler answers between steps: a step of the turn has run
+            counters = sched_counters_from(await tm.get_internal_state())
+            if sid not in counters["waiting_streams"]:
+                break
+    finally:
+        mgr.config = config
+    gen = await mgr.finish(sid, QUESTION)
+    first = asyncio.ensure_future(anext(gen))
+    if meanwhile is not None:
+        while stream.pipelined_rid is None and not first.done():  # the final turn is sent
+            await asyncio.sleep(0.005)
+        await meanwhile(stream)
+    try:
+        return [await first, *[o async for o in gen]][-1]
+    except Exception as exc:  # what the reader gets
+        return exc
+
+
+def test_a_final_turn_is_parked_behind_a_turn_mid_prefill(engine):
+    """The turn the final turn is built on is mid-prefill when the final turn arrives: the
+    scheduler keeps the final turn (`finals_parked`) and hands it to the first step after
+    that turn ends; the output is a plain request's."""
+    before = engine.sched_counters()
+    out = engine._call(finish_mid_prefill(engine, "pipe-park"))
+    after = engine.sched_counters()
+    assert after["finals_parked"] == before["finals_parked"] + 1, (before, after)
+    assert after["finals_merged"] == before["finals_merged"], (before, after)
+    assert after["finals_parked_now"] == 0 and after["hook_errors"] == 0, after
+    meta = out["meta_info"]["stream"]
+    assert meta["promoted"] == meta["cancelled"] == 0, meta
+    assert (
+        out["output_ids"] == reference(engine, CONTEXT + many("pipe-park") + QUESTION)["output_ids"]
+    )
+
+
 def test_an_abort_reaches_a_parked_final_turn(engine):
     """Aborting the stream while its final turn is parked: the final turn ends (an error for
     the reader), the session closes and its KV is freed; the engine serves on."""
@@ -170,10 +258,11 @@ def test_an_abort_reaches_a_parked_final_turn(engine):
     async def abort(stream) -> None:
         await mgr.abort(stream.sid, "test")
 
-    result, queued = engine._call(finish_queued(engine, "pipe-abort", abort))
-    assert queued, "the plain request ended before the stream's turn was sent"
+    before = engine.sched_counters()
+    result = engine._call(finish_mid_prefill(engine, "pipe-abort", abort))
     assert isinstance(result, Exception), result
     assert engine._call(mgr.wait_closed("pipe-abort")).startswith("aborted")
     after = engine.sched_counters()
+    assert after["finals_parked"] == before["finals_parked"] + 1, (before, after)
     assert after["finals_parked_now"] == 0 and after["hook_errors"] == 0, after
     assert reference(engine, CONTEXT)["output_ids"]  # the engine serves on
