@@ -105,6 +105,19 @@ def test_a_queued_turn_is_merged_into_the_final_turn(engine):
     assert out["output_ids"] == reference(engine, CONTEXT + MORE + QUESTION)["output_ids"]
 
 
+def merged_once(engine, finish: Any, why: str) -> dict:
+    """Run coroutine `finish` (it finishes one stream with its turn queued; returns the last
+    output and whether the turn was queued as the test needs, else fails with `why`), and
+    check that the final turn was merged with that turn, no hook failing."""
+    before = engine.sched_counters()
+    out, queued = engine._call(finish)
+    after = engine.sched_counters()
+    assert queued, why
+    assert after["finals_merged"] == before["finals_merged"] + 1, (before, after)
+    assert after["hook_errors"] == 0
+    return out
+
+
 def test_a_stream_whose_first_turn_is_queued_is_finished_with_it_merged(engine):
     """The stream opens while a long plain request runs, so its first turn waits in the queue
     and its session has no finished turn; the finish merges that turn into the final turn,
@@ -120,12 +133,7 @@ def test_a_stream_whose_first_turn_is_queued_is_finished_with_it_merged(engine):
         await plain
         return outs[-1], queued
 
-    before = engine.sched_counters()
-    out, queued = engine._call(run())
-    after = engine.sched_counters()
-    assert queued, "the plain request ended before the stream's turn was sent"
-    assert after["finals_merged"] == before["finals_merged"] + 1, (before, after)
-    assert after["hook_errors"] == 0
+    out = merged_once(engine, run(), "the plain request ended before the stream's turn was sent")
     assert out["output_ids"] == reference(engine, CONTEXT + QUESTION)["output_ids"]
     assert reference(engine, CONTEXT)["output_ids"]  # the engine serves on
 
@@ -154,12 +162,7 @@ def test_a_merged_final_turn_rolls_back_what_the_final_context_rewrote(engine):
         await plain
         return outs[-1], queued and cancelled is None
 
-    before = engine.sched_counters()
-    out, queued = engine._call(run())
-    after = engine.sched_counters()
-    assert queued, "the update's turn was not queued, or was cancelled as stale"
-    assert after["finals_merged"] == before["finals_merged"] + 1, (before, after)
-    assert after["hook_errors"] == 0
+    out = merged_once(engine, run(), "the update's turn was not queued, or was cancelled as stale")
     meta = out["meta_info"]["stream"]
     assert meta["promoted"] > 0 and meta["invalidated"] > 0, meta
     assert out["output_ids"] == reference(engine, v3 + QUESTION)["output_ids"]
