@@ -220,13 +220,33 @@ def live_counts(scheduler: Any) -> dict[str, Any]:
     }
 
 
+def _last_finished(session: Any) -> Any:
+    """A streaming session's last finished turn (what its KV holds), or None."""
+    if session is None or not session.req_nodes or session.committed_origin_len is None:
+        return None
+    [node] = session.req_nodes.values()
+    return node.req
+
+
 def committed_tokens(scheduler: Any, sid: str) -> list[int]:
     """The token ids whose KV stream `sid`'s session holds (its last finished turn's)."""
     session = scheduler.session_controller.get(sid)
-    if session is None or not session.req_nodes or session.committed_origin_len is None:
+    last = _last_finished(session)
+    if last is None:
         return []
-    [node] = session.req_nodes.values()
-    return list(node.req.origin_input_ids[: session.committed_origin_len])
+    return list(last.origin_input_ids[: session.committed_origin_len])
+
+
+def _appended_to(session: Any) -> int:
+    """The tokens a streaming session's next turn is appended to: its last finished turn's
+    committed prompt and output (SGLang's `Session._share_token_arrays` builds the turn's
+    request so); 0 before a turn has finished."""
+    last = _last_finished(session)
+    if last is None:
+        return 0
+    return session.committed_origin_len + len(
+        last.output_ids[: last.sampling_params.max_new_tokens]
+    )
 
 
 class Admitted(NamedTuple):
@@ -401,19 +421,14 @@ def take_after(recv_req: Any) -> str | None:
     return after
 
 
-def turn_base(new_req: Any, recv_req: Any) -> int:
-    """The tokens a stream turn's session held when SGLang created its request `new_req`
-    from `recv_req` (after any rollback): what the turn is appended to."""
-    return len(new_req.origin_input_ids) - len(recv_req.input_ids)
-
-
-def merge_queued_turn(scheduler: Any, recv_req: Any, rid: str, base: int, message: str) -> bool:
+def merge_queued_turn(scheduler: Any, recv_req: Any, rid: str, message: str) -> bool:
     """A final turn `recv_req` built on stream turn `rid` (its `session_params.rid`, already
     taken off), arriving while `rid` still waits in the queue without its session's KV slot:
     abort `rid` (with `message`; SGLang ends it as if it never ran, and the session holds
-    its `base` tokens again) and make `recv_req` carry the tokens of `rid` that it keeps, so
-    that the final turn is built on what the session holds. True if done; False (nothing
-    changed) if `rid` does not wait, or has borrowed its slot (an abort would drop the slot).
+    the `base` tokens `rid` was appended to, after its rollback) and make `recv_req` carry
+    the tokens of `rid` that it keeps, so that the final turn is built on what the session
+    holds. True if done; False (nothing changed) if `rid` does not wait, or has borrowed
+    its slot (an abort would drop the slot).
 
     The final turn keeps `keep` tokens of `rid`'s target (its `offset` when it rolls back,
     else all of them): at or past `base`, it appends `target[base:keep]` before its own
@@ -424,6 +439,7 @@ def merge_queued_turn(scheduler: Any, recv_req: Any, rid: str, base: int, messag
     slot = scheduler.tree_cache.session.slots.get(stream_of(rid))
     if slot is not None and req.kv is slot.kv:
         return False
+    base = _appended_to(session(scheduler, stream_of(rid)))
     target = req.origin_input_ids[:]  # a copy: SGLang trims the shared array on abort
     params = recv_req.session_params
     keep = (params.offset or 0) if params.replace else len(target)

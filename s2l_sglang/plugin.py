@@ -108,8 +108,6 @@ def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **k
        as a plain streaming append. SGLang's streaming sessions reject replace/offset.
     2. SGLang strips a leading BOS id from every appended session turn (turns are usually
        tokenized with special tokens); our turns carry exact token ids, so nothing is stripped.
-    3. The tokens the session held when the turn was created are recorded: a pipelined final
-       turn that finds this turn still queued is built on them instead (`merge_into_final`).
     """
     from s2l_sglang import adapter
     from s2l_sglang.rid import stream_of
@@ -130,10 +128,6 @@ def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **k
             failure = f"stream rollback failed: {exc}"
     new_req = original(self, req, None, *args, **kwargs)  # None: no BOS strip
     adapter.finish_turn_with_abort(new_req, tokenizer, failure)
-    try:
-        stream_scheduling().on_created(req.rid, adapter.turn_base(new_req, req))
-    except Exception:  # never take the scheduler down: the turn is just never merged
-        _hook_failed(f"recording stream turn {req.rid}")
     return new_req
 
 

@@ -177,9 +177,6 @@ class StreamScheduling:
     #: final turns recorded as their stream's latest turn when `park_final` kept them: SGLang
     #: creating them later does not record them again (`on_turn`)
     recorded_kept: set[str] = field(default_factory=set)
-    #: session key -> (rid, base) of its latest turn: the tokens its session held when SGLang
-    #: created it (`on_created`; what `merge_into_final` builds a final turn on)
-    bases: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.set_policy(self.config.stream_policy)
@@ -246,22 +243,14 @@ class StreamScheduling:
             if self.promoted:
                 self.promoted = {r for r in self.promoted if stream_of(r) != sid}
 
-    def on_created(self, rid: str, base: int) -> None:
-        """SGLang created stream turn `rid` on the `base` tokens its session held."""
-        sid = stream_of(rid)
-        if sid is not None:
-            self.bases[sid] = (rid, base)
-
     # ---- ordering and acquisition -----------------------------------------------------------
 
     def _prune(self, scheduler: Any) -> None:
-        """Forget streams whose session has closed (the tables would otherwise only grow)."""
-        if len(self.streams) > 64 or len(self.bases) > 64:
+        """Forget streams whose session has closed (the table would otherwise only grow)."""
+        if len(self.streams) > 64:
             sessions = adapter.open_sessions(scheduler)
             if len(self.streams) > 2 * len(sessions) + 64:
                 self.streams = {sid: i for sid, i in self.streams.items() if sid in sessions}
-            if len(self.bases) > 2 * len(sessions) + 64:
-                self.bases = {sid: b for sid, b in self.bases.items() if sid in sessions}
 
     def spec_reserve(self, scheduler: Any, now: float) -> int:
         """KV that speculative work leaves free for committed work: `speculative_reserve`,
@@ -451,9 +440,9 @@ class StreamScheduling:
         if session is None:
             return PASS  # SGLang aborts it: no such session
         self.counters.finals_pipelined += 1
-        if adapter.turn_in_flight(session) and self.merge_into_final(scheduler, recv_req, after):
-            return PASS
         if adapter.turn_in_flight(session):
+            if self.merge_into_final(scheduler, recv_req, after):
+                return PASS
             self.parked[key] = Parked(recv_req, after)
             self.counters.finals_parked += 1
             self.record_kept(recv_req.rid)
@@ -473,11 +462,7 @@ class StreamScheduling:
         session's slot, it is cancelled (`CANCELLED`: the manager counts its tokens as
         promoted) and the final turn carries the tokens of it that it keeps, so it goes to
         SGLang at once as committed work (`adapter.merge_queued_turn`). True if merged."""
-        key = stream_of(after)
-        entry = self.bases.get(key) if key is not None else None
-        if entry is None or entry[0] != after:
-            return False
-        if not adapter.merge_queued_turn(scheduler, recv_req, after, entry[1], CANCELLED):
+        if not adapter.merge_queued_turn(scheduler, recv_req, after, CANCELLED):
             return False
         self.counters.finals_merged += 1
         return True

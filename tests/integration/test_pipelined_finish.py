@@ -53,12 +53,25 @@ def test_the_final_turn_is_sent_built_on_the_turn_in_flight(engine):
     assert out["output_ids"] == reference(engine, CONTEXT + MORE + QUESTION)["output_ids"]
 
 
-async def finish_queued(engine, sid: str, meanwhile=None, before_final=None) -> tuple[Any, bool]:
+async def read_final(gen, stream, meanwhile=None) -> Any:
+    """Read a finish's outputs `gen`; `meanwhile(stream)` runs once the final turn is on its
+    way (or has ended). Returns the last output, or the exception the reader got."""
+    first = asyncio.ensure_future(anext(gen))
+    if meanwhile is not None:
+        while stream.pipelined_rid is None and not first.done():  # the final turn is sent
+            await asyncio.sleep(0.005)
+        await meanwhile(stream)
+    try:
+        return [await first, *[o async for o in gen]][-1]
+    except Exception as exc:  # what the reader gets
+        return exc
+
+
+async def finish_queued(engine, sid: str, before_final=None) -> tuple[Any, bool]:
     """Open `sid` and let it prefill; append MORE while a long plain request runs, so that the
     append's turn waits in the queue; finish. `before_final(stream)` runs once the finish has
-    decided to pipeline, before the final turn goes; `meanwhile(stream)` once the final turn
-    is on its way. Returns (the last output, or the exception the reader got; whether the
-    turn was queued when sent)."""
+    decided to pipeline, before the final turn goes. Returns (the last output, or the
+    exception the reader got; whether the turn was queued when sent)."""
     mgr = engine.streams
     await mgr.open(sid, GREEDY, CONTEXT)
     await mgr.wait_prefilled(sid)
@@ -68,16 +81,7 @@ async def finish_queued(engine, sid: str, meanwhile=None, before_final=None) -> 
     if before_final is not None:  # the final turn goes at the reader's first call
         assert stream.pipeline_after is not None
         before_final(stream)
-    first = asyncio.ensure_future(anext(gen))
-    if meanwhile is not None:
-        while stream.pipelined_rid is None:  # the final turn is on its way
-            await asyncio.sleep(0.005)
-        await meanwhile(stream)
-    try:
-        last = [await first] + [o async for o in gen]
-        result: Any = last[-1]
-    except Exception as exc:  # what the reader gets
-        result = exc
+    result = await read_final(gen, stream)
     await plain
     return result, queued
 
@@ -224,16 +228,7 @@ async def finish_mid_prefill(engine, sid: str, meanwhile=None) -> Any:
                 break
     finally:
         mgr.config = config
-    gen = await mgr.finish(sid, QUESTION)
-    first = asyncio.ensure_future(anext(gen))
-    if meanwhile is not None:
-        while stream.pipelined_rid is None and not first.done():  # the final turn is sent
-            await asyncio.sleep(0.005)
-        await meanwhile(stream)
-    try:
-        return [await first, *[o async for o in gen]][-1]
-    except Exception as exc:  # what the reader gets
-        return exc
+    return await read_final(await mgr.finish(sid, QUESTION), stream, meanwhile)
 
 
 def test_a_final_turn_is_parked_behind_a_turn_mid_prefill(engine):
