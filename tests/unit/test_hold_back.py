@@ -145,17 +145,3 @@ def test_the_settle_time_is_checked():
 
     with pytest.raises(ValueError, match="hold_back_settle"):
         StreamConfig(hold_back_settle=-1)
-
-
-def test_the_volatile_rank_time_is_checked_and_reaches_the_config():
-    import math
-
-    import pytest
-
-    from s2l_sglang.config import split_argv
-
-    with pytest.raises(ValueError, match="volatile_rank_s"):
-        StreamConfig(volatile_rank_s=-1)
-    assert StreamConfig().volatile_rank_s == 2.0
-    config, rest = split_argv(["--stream-volatile-rank-s", "inf", "--port", "1"])
-    assert math.isinf(config.volatile_rank_s) and rest == ["--port", "1"]
