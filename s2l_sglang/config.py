@@ -75,11 +75,6 @@ class StreamConfig:
     #: seconds after its last version (0: at once); a tail that a refinement arriving sooner
     #: would rewrite is then never prefilled
     hold_back_settle: float = 1.0
-    #: update mode: seconds after its stream's latest turn that a volatile tail still ranks
-    #: after all other work; then it ranks as its stream's other speculative work (inf: until
-    #: the context is final). 2 s: in memory-pressure-tails, 16 of the 21 refinements that
-    #: rewrote a tail came within 0.9 s of it, the others 8.6 s or more after
-    volatile_rank_s: float = 2.0
     #: a finish sends the final turn at once, built on the turn in flight; the scheduler keeps
     #: it until that turn has ended and hands it to the very next step (False: the manager
     #: waits for that turn's result, then sends the final turn)
@@ -107,8 +102,6 @@ class StreamConfig:
             raise ValueError(f"max_body_bytes must be a positive integer: {self.max_body_bytes!r}")
         if not isinstance(self.hold_back_settle, (int, float)) or not self.hold_back_settle >= 0:
             raise ValueError(f"hold_back_settle must be >= 0 seconds: {self.hold_back_settle!r}")
-        if not isinstance(self.volatile_rank_s, (int, float)) or not self.volatile_rank_s >= 0:
-            raise ValueError(f"volatile_rank_s must be >= 0 seconds: {self.volatile_rank_s!r}")
         if not isinstance(self.speculative_chunk, int) or self.speculative_chunk <= 0:
             raise ValueError(
                 f"speculative_chunk must be a positive integer: {self.speculative_chunk!r}"
@@ -237,16 +230,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="update mode: a held-back tail waits until the stream has been quiet for twice "
         "the longest gap between its versions, at most this long (default: %(default)s; "
         "0: no wait)",
-    )
-    group.add_argument(
-        "--stream-volatile-rank-s",
-        dest="volatile_rank_s",
-        type=float,
-        default=d.volatile_rank_s,
-        metavar="SECONDS",
-        help="update mode: a volatile tail ranks after all other work until its stream has "
-        "been quiet this long, then as speculative work (default: %(default)s; inf: until "
-        "the context is final)",
     )
 
 

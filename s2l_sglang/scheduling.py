@@ -266,9 +266,7 @@ class StreamScheduling:
         snap = adapter.snapshot(scheduler, self.host, running_batch, self.stalled)
         stalled_s = snap.now - self.stalled_since if self.stalled_since else 0.0
         return snap._replace(
-            stalled_s=stalled_s,
-            spec_reserve=self.spec_reserve(scheduler, snap.now),
-            volatile_s=self.config.volatile_rank_s,
+            stalled_s=stalled_s, spec_reserve=self.spec_reserve(scheduler, snap.now)
         )
 
     def order_waiting(self, scheduler: Any) -> None:

@@ -111,10 +111,6 @@ class Snapshot(NamedTuple):
     spec_reserve: int = 0
     #: the rid of the request mid-prefill (SGLang's chunked request; "": none)
     chunked_rid: str = ""
-    #: seconds after its stream's latest turn that a volatile tail still ranks after
-    #: everything (`_demoted`); then it ranks as its stream's other speculative work
-    #: (`StreamConfig.volatile_rank_s`; inf: until its context is final)
-    volatile_s: float = float("inf")
 
 
 class Preempt(NamedTuple):
@@ -171,19 +167,10 @@ def promote(streams: Mapping[str, StreamInfo], rid: str, now: float) -> StreamIn
     return record_turn(streams, rid, now)._replace(complete=True)
 
 
-def _demoted(v: ReqView, now: float, volatile_s: float) -> bool:
+def _demoted(v: ReqView) -> bool:
     """A volatile tail (`rid.is_volatile`) that ranks after everything: one of a stream whose
-    context is not final (a promoted one ranks as committed work) and whose latest turn came
-    less than `volatile_s` seconds ago. A refinement that rewrites a tail comes soon after it
-    or not for a long time (in memory-pressure-tails, 16 of 21 within 0.9 s, the others after
-    8.6 s or more, and finals 0.6-80 s after the tail): a tail demoted for as long as its
-    stream is open waits behind every newer stream's speculative work, under memory pressure
-    until its final turn carries it (held for KV up to 64 s in that trace)."""
-    if not is_volatile(v.rid):
-        return False
-    if not v.is_stream:  # a stream the scheduler does not know: no latest turn to age from
-        return True
-    return not v.complete and now - v.last_chunk < volatile_s
+    context is not final (a promoted one ranks as committed work)."""
+    return is_volatile(v.rid) and not (v.is_stream and v.complete)
 
 
 _new = tuple.__new__  # a ReqView from a field tuple, without NamedTuple's Python-level __new__
@@ -311,10 +298,10 @@ def needs_order(rids: list[str], keep_sglang_order: bool) -> bool:
     return not keep_sglang_order or any(is_speculative(r) for r in rids)
 
 
-def _committed_first(order: list[ReqView], now: float, volatile_s: float) -> list[str]:
+def _committed_first(order: list[ReqView]) -> list[str]:
     """The rids of `order` with volatile tails (`_demoted`) moved after everything else."""
     rids = [v.rid for v in order]
-    demoted = [_demoted(v, now, volatile_s) for v in order]
+    demoted = list(map(_demoted, order))
     if not any(demoted):
         return rids
     return list(compress(rids, map(not_, demoted))) + list(compress(rids, demoted))
@@ -332,14 +319,13 @@ def decide_order(
     each class, and nothing to do while no speculative turn waits."""
     if not needs_order([w.rid for w in snap.waiting], keep_sglang_order):
         return None
-    order = policy.order(waiting_views(snap, streams))
-    return tuple(_committed_first(order, snap.now, snap.volatile_s))
+    return tuple(_committed_first(policy.order(waiting_views(snap, streams))))
 
 
-def _head(policy: Policy, waiting: list[ReqView], now: float, volatile_s: float) -> ReqView:
+def _head(policy: Policy, waiting: list[ReqView]) -> ReqView:
     """The next admission: the first of `decide_order`'s order (volatile tails last)."""
     order = policy.order(waiting)
-    return next((v for v in order if not _demoted(v, now, volatile_s)), order[0])
+    return next((v for v in order if not _demoted(v)), order[0])
 
 
 def decide(
@@ -392,7 +378,7 @@ def decide(
     hi = _head_index(snap, streams, policy.rank) if policy.rank else None
     if hi is None:
         waiting = waiting_views(snap, streams)
-        first = _head(policy, waiting, snap.now, snap.volatile_s)
+        first = _head(policy, waiting)
         hi = waiting.index(first)
     else:
         first = _view_at(snap, streams, hi)
@@ -666,7 +652,6 @@ def _head_index(snap: Snapshot, streams: Mapping[str, StreamInfo], rank: str) ->
         return _first_given(snap, streams)
     streams_get = streams.get
     slots_get = snap.slots.get
-    fresh = snap.now - snap.volatile_s  # a volatile tail's stream moved after it: demoted
     field = 1 if rank == "last_chunk" else 0  # StreamInfo.last_chunk, else .opened
     by_held = rank == "held"  # most first
     c_key = s_key = _INF  # the best key so far, committed and speculative
@@ -680,7 +665,7 @@ def _head_index(snap: Snapshot, streams: Mapping[str, StreamInfo], rank: str) ->
             speculative, key = False, w[4]
         else:
             speculative = not info[2]
-            if speculative and tail[:1] == "v" and info[1] > fresh:
+            if speculative and tail[:1] == "v":
                 continue
             key = info[field]
         if by_held:
@@ -702,7 +687,6 @@ def _first_given(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> int | Non
     """`_head_index` for rank "given": the first committed request, else the first
     speculative one, volatile tails left out."""
     first_speculative = None
-    fresh = snap.now - snap.volatile_s
     for i, w in enumerate(snap.waiting):
         sid, mark, tail = w[0].rpartition(MARK)
         info = streams.get(sid) if mark else None
@@ -710,7 +694,7 @@ def _first_given(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> int | Non
             if info is None and mark and tail[:1] == "v":
                 continue
             return i
-        if first_speculative is None and (tail[:1] != "v" or info[1] <= fresh):
+        if first_speculative is None and tail[:1] != "v":
             first_speculative = i
     return first_speculative
 

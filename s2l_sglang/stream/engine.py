@@ -30,7 +30,6 @@ class StreamEngine:
         speculative_reserve: int | None = None,
         hold_back: bool = True,
         hold_back_settle: float = 1.0,
-        volatile_rank_s: float | None = None,
         pipelined_finish: bool = True,
         **engine_kwargs: Any,
     ):
@@ -46,9 +45,7 @@ class StreamEngine:
         largest seen, at most half the pool). `hold_back`: in update mode, the
         tail a refinement rewrote is prefilled only at the lowest priority, and
         `hold_back_settle`: once the stream has been quiet for a while (at most that many
-        seconds; see `StreamConfig`). `volatile_rank_s`: such a tail ranks after all other work
-        only until its stream has been quiet that long, then as speculative work (None: 2 s;
-        inf: until the context is final). `pipelined_finish`: a finish sends the final turn at
+        seconds; see `StreamConfig`). `pipelined_finish`: a finish sends the final turn at
         once, and the scheduler holds it until the turn in flight ends (False: the manager
         waits for that turn first). A bad value is a ValueError here, before anything
         starts. Other arguments go to
@@ -67,7 +64,6 @@ class StreamEngine:
             speculative_reserve=speculative_reserve,
             hold_back=hold_back,
             hold_back_settle=hold_back_settle,
-            **({} if volatile_rank_s is None else {"volatile_rank_s": volatile_rank_s}),
             pipelined_finish=pipelined_finish,
         )
         kwargs = default_kwargs(**engine_kwargs)

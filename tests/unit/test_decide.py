@@ -323,36 +323,6 @@ def test_the_next_admission_is_never_a_volatile_tail_while_other_work_waits():
     assert [p.sid for p in actions.preempt] == ["c"]
 
 
-def _reference_demoted(v, s: Snapshot) -> bool:
-    """A volatile tail ranked after everything: of a stream not known, or not final whose
-    latest turn came less than `s.volatile_s` ago."""
-    if not is_volatile(v.rid):
-        return False
-    return not v.is_stream or (not v.complete and s.now - v.last_chunk < s.volatile_s)
-
-
-def test_a_volatile_tail_ranks_as_speculative_work_once_its_stream_has_been_quiet():
-    """A volatile tail ranks after everything while its stream's latest turn is recent
-    (`Snapshot.volatile_s`); once its stream has been quiet that long, it ranks by the policy
-    among speculative work: under fcfs, before the turn of a stream opened after it. Under
-    memory pressure a tail demoted for as long as its stream stays open never got KV."""
-    streams = {"a": StreamInfo(0.0, 1.0), "b": StreamInfo(2.0, 9.0)}
-    queue = (waiting(turn_rid("b", 2), 300, entered=9.0), waiting(volatile_rid("a", 3), 300))
-    recent, quiet = snap(*queue)._replace(now=2.5), snap(*queue)._replace(now=10.0)
-    for name in ("fcfs", "lcas", "mcps", "default"):
-        for s, first in [(recent, turn_rid("b", 2)), (quiet, volatile_rid("a", 3))]:
-            if name in ("mcps", "default") and s is quiet:
-                continue  # they rank the two by held KV (none) and queue order
-            s = s._replace(volatile_s=2.0)
-            order = decide_order(s, streams, get_policy(name), name == "default")
-            assert order is not None and order[0] == first, (s.now, name, order)
-            i = _head_index(s, streams, get_policy(name).rank)
-            assert s.waiting[i].rid == first, (s.now, name)
-    # the snapshot's default (inf): demoted until its context is final, however long ago
-    late = snap(*queue)._replace(now=1e6)
-    assert decide_order(late, streams, get_policy("fcfs"), False)[0] == turn_rid("b", 2)
-
-
 def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
     """The decision as the general planner makes it: every view ordered and planned
     (`planner.plan` with the head's extend as the budget, `choose_victims`)."""
@@ -361,7 +331,7 @@ def _reference_decide(s: Snapshot, streams, policy, preemption) -> Actions:
     if not s.waiting:
         return Actions(drop_copies=drop) if drop else NOTHING
     order = [v for v in policy.order(views(s, streams)) if v.state == "waiting"]
-    first = next((v for v in order if not _reference_demoted(v, s)), order[0])
+    first = next((v for v in order if not (is_volatile(v.rid) and not (v.is_stream and v.complete))), order[0])  # fmt: skip
     swap_in, available = [], s.available
     for w in s.waiting:
         copy = copies.get(stream_of(w.rid) or "")
@@ -479,8 +449,7 @@ def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo
                  tuple(host), rng.randint(0, 1_000), rng.choice([0, 2, 17]),
                  rng.choice([0, 0, 0, STALL_STEPS - 1, STALL_STEPS]),
                  rng.choice([0.0, SPEC_STALL_S]), rng.choice([0, 0, 300]))  # fmt: skip
-    # streams' latest turns came 90-100 s before `now`: some volatile tails aged, some not
-    return s._replace(volatile_s=rng.choice([float("inf"), 0.0, 93.0, 97.0])), streams
+    return s, streams
 
 
 @pytest.mark.parametrize("policy", ["default", "fcfs", "lcas", "mcps"])
@@ -520,7 +489,7 @@ def test_the_one_pass_head_is_the_policys_next_admission_on_random_states(policy
             assert all(is_volatile(w.rid) for w in s.waiting)
             continue
         ws = waiting_views(s, streams)
-        assert ws[i] == _head(pol, ws, s.now, s.volatile_s), s
+        assert ws[i] == _head(pol, ws), s
         checked += 1
     assert checked > 1000
 
