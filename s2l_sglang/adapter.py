@@ -230,11 +230,11 @@ def _last_finished(session: Any) -> Any:
 
 def committed_tokens(scheduler: Any, sid: str) -> list[int]:
     """The token ids whose KV stream `sid`'s session holds (its last finished turn's)."""
-    session = scheduler.session_controller.get(sid)
-    last = _last_finished(session)
+    held = session(scheduler, sid)
+    last = _last_finished(held)
     if last is None:
         return []
-    return list(last.origin_input_ids[: session.committed_origin_len])
+    return list(last.origin_input_ids[: held.committed_origin_len])
 
 
 def _appended_to(session: Any) -> int:
@@ -436,10 +436,11 @@ def merge_queued_turn(scheduler: Any, recv_req: Any, rid: str, message: str) -> 
     req = next((r for r in scheduler.waiting_queue if r.rid == rid), None)
     if req is None:
         return False
-    slot = scheduler.tree_cache.session.slots.get(stream_of(rid))
+    sid = stream_of(rid)
+    slot = scheduler.tree_cache.session.slots.get(sid)
     if slot is not None and req.kv is slot.kv:
         return False
-    base = _appended_to(session(scheduler, stream_of(rid)))
+    base = _appended_to(session(scheduler, sid))
     target = req.origin_input_ids[:]  # a copy: SGLang trims the shared array on abort
     params = recv_req.session_params
     keep = (params.offset or 0) if params.replace else len(target)
