@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import compress
-from operator import itemgetter, neg, not_
+from operator import itemgetter, mul, neg, not_
 from typing import Literal, NamedTuple
 
 from s2l_sglang.rid import MARK, is_final, is_speculative, is_volatile, stream_of
@@ -244,38 +244,57 @@ def _idle_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqVi
     return _idle_views_of(_idle(snap, streams))
 
 
-def _idle_victims(idle: _Idle, rank: str, shortfall: int) -> list[ReqView]:
-    """`_victims` of the idle streams' views for a policy that ranks by `rank`
-    (`Policy.rank`), without their views or a sort: the policy orders idle streams with a
-    final context before the others, each by `rank` then (arrival, rid) ("given": slot order),
-    and victims come lowest priority first, so each is the largest of a key tuple that zip
-    builds in C; usually one or two are taken. tests/unit/test_decide.py checks `decide`
+def _idle_victims(idle: _Idle, ranks: tuple[str, str], shortfall: int) -> list[ReqView]:
+    """`_victims` of the idle streams' views for a policy that ranks committed and speculative
+    work by `ranks` (`Policy.rank`, `Policy.spec_rank`), without their views or a sort: the
+    policy orders idle streams with a final context before the others, each by its class's
+    rank then (arrival, rid) ("given": slot order), and victims come lowest priority first:
+    the partial streams, then (rarely) the complete ones, each the largest of a key tuple that
+    zip builds in C; usually one or two are taken. tests/unit/test_decide.py checks `decide`
     against the general planner on random states."""
     slots, infos = idle.slots, idle.infos
-    partial = map(not_, map(_COMPLETE, infos))
-    if rank == "given":
-        keys = zip(partial, range(len(slots)), strict=True)
-    else:
-        key = (
-            map(_OPENED, infos)
-            if rank == "arrival"
-            else map(_LAST_CHUNK, infos)
-            if rank == "last_chunk"
-            else map(neg, map(_SLOT_HELD, slots))
-        )  # "held": most first
-        keys = zip(
-            partial, key, map(_OPENED, infos), map(_SLOT_SID, slots), range(len(slots)), strict=True
-        )
-    candidates = list(compress(keys, map(_SLOT_KV, slots)))  # those holding KV
+    holding = list(map(_SLOT_KV, slots))
+    complete = list(map(_COMPLETE, infos))
     out: list[ReqView] = []
     freed = 0
-    while candidates and freed < shortfall:
-        last = max(candidates)
-        candidates.remove(last)
-        i = last[-1]
-        out.append(_idle_view(slots[i], infos[i]))
-        freed += slots[i][2]
+    for rank, in_class in ((ranks[1], map(not_, complete)), (ranks[0], iter(complete))):
+        if freed >= shortfall:
+            break
+        if rank == "given":
+            keys = zip(range(len(slots)), range(len(slots)), strict=True)
+        else:
+            key = (
+                map(_OPENED, infos)
+                if rank == "arrival"
+                else map(_LAST_CHUNK, infos)
+                if rank == "last_chunk"
+                else map(neg, map(_SLOT_HELD, slots))
+            )  # "held": most first
+            keys = zip(key, map(_OPENED, infos), map(_SLOT_SID, slots), range(len(slots)),
+                       strict=True)  # fmt: skip
+        candidates = list(compress(keys, map(mul, holding, in_class)))  # the class's holders
+        passes = 0
+        while candidates and freed < shortfall:
+            passes += 1
+            if passes <= 2:  # the usual one or two victims: a pass each
+                last = max(candidates)
+                candidates.remove(last)
+            else:  # many small ones (mcps takes the least computed first): one sort
+                if passes == 3:
+                    candidates.sort()
+                last = candidates.pop()
+            i = last[-1]
+            out.append(_idle_view(slots[i], infos[i]))
+            freed += slots[i][2]
     return out
+
+
+def ranks(policy: Policy) -> tuple[str, str] | None:
+    """How `policy` ranks committed and speculative work (`Policy.rank`, `Policy.spec_rank`),
+    or None if only its `order` knows."""
+    if not policy.rank:
+        return None
+    return policy.rank, policy.spec_rank or policy.rank
 
 
 def views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqView]:
@@ -363,7 +382,7 @@ def decide(
     another's KV in turn under memory pressure, and speculative KV that filled the pool made
     every final turn preempt (recompute) another stream's.
 
-    Cost: for a policy that says how it ranks (`Policy.rank`, every built-in one) the head is
+    Cost: for a policy that says how it ranks (`ranks`, every built-in one) the head is
     found in one pass over the queue (`_head_index`), without a view per request or a sort;
     other policies order the waiting requests' views. The holders are looked at only when the
     head lacks KV, and then only the idle streams when their KV covers the shortfall (they are
@@ -375,7 +394,8 @@ def decide(
     if not snap.waiting:
         return Actions(drop_copies=drop) if drop else NOTHING
     copies = {c.sid: c for c in snap.host if c.sid not in drop}
-    hi = _head_index(snap, streams, policy.rank) if policy.rank else None
+    rank = ranks(policy)
+    hi = _head_index(snap, streams, rank) if rank else None
     if hi is None:
         waiting = waiting_views(snap, streams)
         first = _head(policy, waiting)
@@ -430,8 +450,8 @@ def decide(
         # waiting requests' views are not needed, nor, for a policy that says how it ranks,
         # the idle streams' own (`_idle_victims`)
         shortfall = need - free_kv
-        if policy.rank:
-            victims = _idle_victims(idle, policy.rank, shortfall)
+        if rank:
+            victims = _idle_victims(idle, rank, shortfall)
         else:
             victims = _victims(policy, _idle_views_of(idle), shortfall)
     else:
@@ -638,22 +658,26 @@ def _view_at(snap: Snapshot, streams: Mapping[str, StreamInfo], i: int) -> ReqVi
     return waiting_views(snap._replace(waiting=(snap.waiting[i],)), streams)[0]
 
 
-def _head_index(snap: Snapshot, streams: Mapping[str, StreamInfo], rank: str) -> int | None:
+def _head_index(
+    snap: Snapshot, streams: Mapping[str, StreamInfo], ranks: tuple[str, str]
+) -> int | None:
     """`_head`'s choice as an index in `snap.waiting`, found in one pass without views or a
-    sort, for a policy that ranks each class of work by `rank` (`Policy.rank`): the best
-    committed request (a plain one, or a turn of a stream whose context is final), else the
-    best speculative one, volatile tails (`_demoted`) left out; None if only they wait.
-    tests/unit/test_decide.py checks it against `_head` on random snapshots.
+    sort, for a policy that ranks committed and speculative work by `ranks` (`ranks(policy)`):
+    the best committed request (a plain one, or a turn of a stream whose context is final),
+    else the best speculative one, volatile tails (`_demoted`) left out; None if only they
+    wait. tests/unit/test_decide.py checks it against `_head` on random snapshots.
 
     The loop is the step's cost at 500 streams (bench/micro_plan.py --step decide): it keeps
     each class's best as two scalars and breaks a tie of the primary key (`_before`) only
     when one occurs."""
-    if rank == "given":
+    if ranks[0] == "given":
         return _first_given(snap, streams)
     streams_get = streams.get
     slots_get = snap.slots.get
-    field = 1 if rank == "last_chunk" else 0  # StreamInfo.last_chunk, else .opened
-    by_held = rank == "held"  # most first
+    # per class (committed, speculative): StreamInfo.last_chunk, else .opened; or held tokens
+    c_field = 1 if ranks[0] == "last_chunk" else 0
+    s_field = 1 if ranks[1] == "last_chunk" else 0
+    c_held, s_held = ranks[0] == "held", ranks[1] == "held"  # most first
     c_key = s_key = _INF  # the best key so far, committed and speculative
     c_i = s_i = -1
     for i, w in enumerate(snap.waiting):
@@ -667,8 +691,8 @@ def _head_index(snap: Snapshot, streams: Mapping[str, StreamInfo], rank: str) ->
             speculative = not info[2]
             if speculative and tail[:1] == "v":
                 continue
-            key = info[field]
-        if by_held:
+            key = info[s_field if speculative else c_field]
+        if s_held if speculative else c_held:
             slot = slots_get(sid) if mark else None
             key = -slot[1] if slot is not None else 0
         if speculative:

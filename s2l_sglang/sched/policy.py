@@ -36,12 +36,16 @@ class Policy:
     #: True if `order` ranks every request without work (not decoding, nothing pending) after
     #: all requests with work; `plan` then derives the preemption order more cheaply.
     idle_last: ClassVar[bool] = False
-    #: how `order` ranks the requests within each class of work, if it is one of these (it
+    #: how `order` ranks the requests within each class of work (committed work only, if
+    #: `spec_rank` is set), if it is one of these (it
     #: lets `sched.decide` find the next admission in one pass, without views or a sort):
     #: "given" (the input order), "arrival", "last_chunk" (earliest first) or "held" (most
     #: first), each with ties broken by arrival, then rid ("given" excepted). None: only
     #: `order` knows.
     rank: ClassVar[str | None] = None
+    #: how `order` ranks speculative work (partial streams), if not as `rank` ranks committed
+    #: work (one of the same names; not "given")
+    spec_rank: ClassVar[str | None] = None
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
         """All `views`, highest priority first, as a new list (the input is not modified)."""
@@ -163,15 +167,25 @@ class LcasPolicy(Policy):
 
 @register("mcps")
 class McpsPolicy(Policy):
-    """Most computed (held) tokens first (the request closest to done, and the most expensive to
-    preempt, keeps going), within each class: committed before speculative, as under every
-    policy (the paper's MCPS has no such split; speculative work must not delay final
-    contexts). Key: (no work, partial, -held, arrival, rid)."""
+    """Most computed (held) tokens first among speculative work: the partial stream closest to
+    done, and the most expensive to preempt, keeps going, so the KV pool is spent on finishing
+    a few streams' prefill rather than spread over many. Committed work (plain requests, final
+    turns) goes first, as under every policy (the paper's MCPS has no such split; speculative
+    work must not delay final contexts), and in the order its TTFT clock started (earliest
+    last chunk first, as under `lcas`): ranked by held tokens, a final context that holds no
+    KV was overtaken by each later one that did, and under memory pressure two finals of a
+    burst waited 11-13 s where waiting for the full context took 3-7 s
+    (bench/results/memory-pressure-tails-5846a70). Keys: committed (no work, last_chunk,
+    arrival, rid), speculative (no work, -held, arrival, rid)."""
 
     idle_last = True
-    rank = "held"
+    rank = "last_chunk"
+    spec_rank = "held"
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
-        ordered = _by_arrival(views)
-        ordered.sort(key=_HELD, reverse=True)  # reverse keeps stability
-        return _concat(_split(ordered, by_complete=True))
+        groups = _split(_by_arrival(views), by_complete=True)
+        for g in groups[0::2]:  # committed: complete work, complete idle
+            g.sort(key=_LAST_CHUNK)
+        for g in groups[1::2]:  # speculative: partial work, partial idle
+            g.sort(key=_HELD, reverse=True)  # reverse keeps stability
+        return _concat(groups)

@@ -41,6 +41,7 @@ from s2l_sglang.sched.decide import (
     hold,
     may_cancel,
     promote,
+    ranks,
     record_turn,
     views,
     waiting_views,
@@ -144,7 +145,7 @@ def test_a_promoted_turn_ranks_as_committed_work_under_every_policy():
         order = decide_order(s, promoted, get_policy(name), name == "default")
         assert set(order[:3]) == {turn_rid("a", 2), volatile_rid("b", 3), "plain-1"}, name
         assert order[3] == turn_rid("c", 2), name
-        head = _head_index(s, promoted, get_policy(name).rank)
+        head = _head_index(s, promoted, ranks(get_policy(name)))
         assert s.waiting[head].rid in order[:3] and s.waiting[head].rid == order[0], name
     assert promote(STREAMS, turn_rid("a", 2), 50.0) == StreamInfo(1.0, 50.0, True)
 
@@ -471,7 +472,7 @@ def test_decide_equals_the_general_planners_decision_on_random_states(policy, mo
 
 @pytest.mark.parametrize("policy", ["default", "fcfs", "lcas", "mcps"])
 def test_the_one_pass_head_is_the_policys_next_admission_on_random_states(policy):
-    """decide finds the next admission in one pass over the queue (`Policy.rank`) instead of
+    """decide finds the next admission in one pass over the queue (`ranks`) instead of
     ordering every view; on 2,000 random states (times repeat, so ties go to the rid; some
     turns belong to streams the scheduler does not know) it is the one `_head` takes from the
     policy's order."""
@@ -484,7 +485,7 @@ def test_the_one_pass_head_is_the_policys_next_admission_on_random_states(policy
             del streams[rng.choice(sorted(streams))]
         if not s.waiting:
             continue
-        i = _head_index(s, streams, pol.rank)
+        i = _head_index(s, streams, ranks(pol))
         if i is None:
             assert all(is_volatile(w.rid) for w in s.waiting)
             continue

@@ -114,7 +114,7 @@ def test_lcas_earliest_last_chunk_first_complete_before_partial() -> None:
     assert rids("fcfs", vs) == ["x", "y", "p_new", "p_old"]
 
 
-def test_mcps_most_computed_first_within_each_class() -> None:
+def test_mcps_most_computed_first_among_speculative_work() -> None:
     vs = [
         view("c_small", held=10, arrival=0.0),
         view("p_big", complete=False, held=500, arrival=1.0),
@@ -122,7 +122,22 @@ def test_mcps_most_computed_first_within_each_class() -> None:
         view("p_small", complete=False, held=50, arrival=0.5),
     ]
     # a speculative stream never goes before committed work, however much it holds
-    assert rids("mcps", vs) == ["c_mid", "c_small", "p_big", "p_small"]
+    assert rids("mcps", vs) == ["c_small", "c_mid", "p_big", "p_small"]
+
+
+def test_mcps_serves_final_contexts_by_when_they_became_final_whatever_they_hold() -> None:
+    """Committed work under mcps goes in the order its TTFT clock started (`last_chunk`), as
+    under lcas: a final context that holds no KV is not overtaken by later ones that do."""
+    vs = [
+        view("later_with_kv", held=900, arrival=0.0, last_chunk=12.0),
+        view("first_final_no_kv", held=0, arrival=3.0, last_chunk=10.0),
+        view("plain", stream=False, arrival=11.0),
+        view("spec_with_kv", complete=False, held=800, arrival=1.0, last_chunk=9.0),
+        view("spec_no_kv", complete=False, held=0, arrival=0.5, last_chunk=1.0),
+    ]
+    assert rids("mcps", vs) == [
+        "first_final_no_kv", "plain", "later_with_kv", "spec_with_kv", "spec_no_kv",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["fcfs", "lcas", "mcps"])
