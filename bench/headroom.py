@@ -7,7 +7,7 @@ token budget and delay scale are read from it, so the queries are those the run 
 *oracle's* tokens at finish are the final prompt's tokens past its longest common token prefix
 with any earlier version of the prompt: what a stream that had prefilled every earlier version
 in full, and kept the best of them, would still prefill when the final chunk lands. Prompts
-are tokenized with the embedded model's tokenizer, as the harness does. Printed per workload
+are tokenized with the run's model's tokenizer, as the harness does (`runner.codec`). Printed per workload
 and streaming mode, against the tokens the stream left to prefill at its finish
 (`unprefilled_at_finish`, reported by the server):
 
@@ -71,18 +71,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     data = json.loads(args.results.read_text())
     cfg = data["config"]
-    from bench.harness.runner import _load_tokenizer, _model_path
+    from bench.harness.runner import codec
 
-    tok = _load_tokenizer(cfg.get("model_path") or _model_path())
-
-    def encode(text: str) -> list[int]:
-        return list(tok(text)["input_ids"])
-
+    encode, decode = codec(cfg.get("model_path"))
     oracle: dict[str, dict[str, int]] = {}
     for wl in cfg["workloads"]:
         qs = load_queries(
             wl["file"], wl["queries"], cfg["seed"], cfg.get("max_context_tokens"), encode,
-            tok.decode, cfg.get("delay_scale", 1.0),
+            decode, cfg.get("delay_scale", 1.0),
         )  # fmt: skip
         oracle[wl["name"]] = {q.id: query_oracle(q, encode) for q in qs}
     print(f"{args.results}: oracle = tokens past the final prompt's longest common prefix with")

@@ -78,20 +78,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=None, help="a preset's sample size")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from bench.harness.runner import _load_tokenizer, _model_path
+    from bench.harness.runner import codec
 
-    tok = _load_tokenizer(_model_path())
-
-    def encode(text: str) -> list[int]:
-        return list(tok(text)["input_ids"])
-
+    encode, decode = codec()
     traces = select(read_any(args.traces), args.queries, args.seed)
     if not traces or any(t.mode != "update" for t in traces):
         print("bench.version_churn: error: give update-mode traces", file=sys.stderr)
         return 2
     rows = []
     for t in traces:
-        q = build_query(t, args.budget or None, encode, tok.decode)
+        q = build_query(t, args.budget or None, encode, decode)
         if len(q.chunks) < 2:
             continue
         prompts = [encode(q.prompt(i)) for i in range(len(q.chunks))]

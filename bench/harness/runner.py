@@ -27,7 +27,7 @@ from bench.harness.execute import Progress, RunContext, count_work, execute_plan
 from bench.harness.machine import load_now, machine_info
 from bench.harness.paper import calibrate, paper_name_for, paper_rows_for
 from bench.harness.presets import Preset
-from bench.harness.queries import Query, load_queries, scaled
+from bench.harness.queries import Decode, Encode, Query, load_queries, scaled
 from bench.harness.replay import speed_probe
 from bench.harness.schedule import NEUTRAL_POLICY, plan_per_policy, plan_single
 
@@ -273,3 +273,14 @@ def _model_path() -> str:
     from s2l_sglang import model
 
     return str(model.prepare())
+
+
+def codec(model_path: str | None = None) -> tuple[Encode, Decode]:
+    """(encode, decode) of the model's tokenizer (None: the embedded model), encoding as the
+    replay backends do (no special tokens), for tools that rebuild a run's queries offline."""
+    tok = _load_tokenizer(model_path or _model_path())
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    return encode, tok.decode
