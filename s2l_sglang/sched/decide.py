@@ -244,9 +244,9 @@ def _idle_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqVi
     return _idle_views_of(_idle(snap, streams))
 
 
-def _idle_victims(idle: _Idle, ranks: tuple[str, str], shortfall: int) -> list[ReqView]:
+def _idle_victims(idle: _Idle, by: tuple[str, str], shortfall: int) -> list[ReqView]:
     """`_victims` of the idle streams' views for a policy that ranks committed and speculative
-    work by `ranks` (`Policy.rank`, `Policy.spec_rank`), without their views or a sort: the
+    work by `by` (`ranks(policy)`), without their views or a sort: the
     policy orders idle streams with a final context before the others, each by its class's
     rank then (arrival, rid) ("given": slot order), and victims come lowest priority first:
     the partial streams, then (rarely) the complete ones, each the largest of a key tuple that
@@ -257,11 +257,11 @@ def _idle_victims(idle: _Idle, ranks: tuple[str, str], shortfall: int) -> list[R
     complete = list(map(_COMPLETE, infos))
     out: list[ReqView] = []
     freed = 0
-    for rank, in_class in ((ranks[1], map(not_, complete)), (ranks[0], iter(complete))):
+    for rank, in_class in ((by[1], map(not_, complete)), (by[0], iter(complete))):
         if freed >= shortfall:
             break
         if rank == "given":
-            keys = zip(range(len(slots)), range(len(slots)), strict=True)
+            keys = zip(range(len(slots)))  # slot order: the last is the lowest
         else:
             key = (
                 map(_OPENED, infos)
@@ -394,8 +394,8 @@ def decide(
     if not snap.waiting:
         return Actions(drop_copies=drop) if drop else NOTHING
     copies = {c.sid: c for c in snap.host if c.sid not in drop}
-    rank = ranks(policy)
-    hi = _head_index(snap, streams, rank) if rank else None
+    by = ranks(policy)
+    hi = _head_index(snap, streams, by) if by else None
     if hi is None:
         waiting = waiting_views(snap, streams)
         first = _head(policy, waiting)
@@ -450,8 +450,8 @@ def decide(
         # waiting requests' views are not needed, nor, for a policy that says how it ranks,
         # the idle streams' own (`_idle_victims`)
         shortfall = need - free_kv
-        if rank:
-            victims = _idle_victims(idle, rank, shortfall)
+        if by:
+            victims = _idle_victims(idle, by, shortfall)
         else:
             victims = _victims(policy, _idle_views_of(idle), shortfall)
     else:
@@ -659,10 +659,10 @@ def _view_at(snap: Snapshot, streams: Mapping[str, StreamInfo], i: int) -> ReqVi
 
 
 def _head_index(
-    snap: Snapshot, streams: Mapping[str, StreamInfo], ranks: tuple[str, str]
+    snap: Snapshot, streams: Mapping[str, StreamInfo], by: tuple[str, str]
 ) -> int | None:
     """`_head`'s choice as an index in `snap.waiting`, found in one pass without views or a
-    sort, for a policy that ranks committed and speculative work by `ranks` (`ranks(policy)`):
+    sort, for a policy that ranks committed and speculative work by `by` (`ranks(policy)`):
     the best committed request (a plain one, or a turn of a stream whose context is final),
     else the best speculative one, volatile tails (`_demoted`) left out; None if only they
     wait. tests/unit/test_decide.py checks it against `_head` on random snapshots.
@@ -670,14 +670,14 @@ def _head_index(
     The loop is the step's cost at 500 streams (bench/micro_plan.py --step decide): it keeps
     each class's best as two scalars and breaks a tie of the primary key (`_before`) only
     when one occurs."""
-    if ranks[0] == "given":
+    if by[0] == "given":
         return _first_given(snap, streams)
     streams_get = streams.get
     slots_get = snap.slots.get
     # per class (committed, speculative): StreamInfo.last_chunk, else .opened; or held tokens
-    c_field = 1 if ranks[0] == "last_chunk" else 0
-    s_field = 1 if ranks[1] == "last_chunk" else 0
-    c_held, s_held = ranks[0] == "held", ranks[1] == "held"  # most first
+    c_field = 1 if by[0] == "last_chunk" else 0
+    s_field = 1 if by[1] == "last_chunk" else 0
+    c_held, s_held = by[0] == "held", by[1] == "held"  # most first
     c_key = s_key = _INF  # the best key so far, committed and speculative
     c_i = s_i = -1
     for i, w in enumerate(snap.waiting):

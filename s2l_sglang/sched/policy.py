@@ -37,11 +37,10 @@ class Policy:
     #: all requests with work; `plan` then derives the preemption order more cheaply.
     idle_last: ClassVar[bool] = False
     #: how `order` ranks the requests within each class of work (committed work only, if
-    #: `spec_rank` is set), if it is one of these (it
-    #: lets `sched.decide` find the next admission in one pass, without views or a sort):
-    #: "given" (the input order), "arrival", "last_chunk" (earliest first) or "held" (most
-    #: first), each with ties broken by arrival, then rid ("given" excepted). None: only
-    #: `order` knows.
+    #: `spec_rank` is set), if it is one of these (it lets `sched.decide` find the next
+    #: admission in one pass, without views or a sort): "given" (the input order), "arrival",
+    #: "last_chunk" (earliest first) or "held" (most first), each with ties broken by
+    #: arrival, then rid ("given" excepted). None: only `order` knows.
     rank: ClassVar[str | None] = None
     #: how `order` ranks speculative work (partial streams), if not as `rank` ranks committed
     #: work (one of the same names; not "given")
