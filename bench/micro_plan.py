@@ -4,7 +4,12 @@ Usage: python3 -m bench.micro_plan [--step plan|decide] [--streams 50 500] [--it
        [--out results.json]
 `--step decide` times the scheduler's whole pure decision instead (`sched.decide.decide`: the
 views built from a `Snapshot`, the order, swap-ins, the plan, the victims and their modes) on
-seeded snapshots of the same mix (`make_decide_snapshot`).
+seeded snapshots of the same mix (`make_decide_snapshot`). Before each call the snapshot's
+per-step objects are built again (untimed), as the adapter builds them right before a real
+step decides: the waiting requests (each rid split anew), the slots and the host copies; the
+streams' infos and the rids are the long-lived objects they are in a server. `--cycled`
+times the 32 snapshots' same objects over and over instead (the measure before 2026-12-06:
+colder in cache, about 1.5-2x slower on this 2-core VM).
 For each stream count, 32 seeded snapshots (see `make_snapshot`) are planned in turn with a token
 budget of 8192; each call gets freshly built views (untimed), as a real step plans right after
 building them. Prints a markdown table per policy and stream count: wall-clock mean, p50, p99 of
@@ -33,8 +38,8 @@ from s2l_sglang.sched.decide import (
     SlotView,
     Snapshot,
     StreamInfo,
-    WaitingReq,
     decide,
+    waiting_req,
 )
 from s2l_sglang.sched.planner import plan
 from s2l_sglang.sched.policy import get_policy, policy_names
@@ -100,12 +105,12 @@ def make_decide_snapshot(rng: random.Random, n: int) -> tuple[Snapshot, dict[str
             streams[sid] = StreamInfo(arrival, arrival + rng.uniform(0.0, 20.0), kind >= 0.90)
         if kind < 0.15:
             rid = f"{rng.getrandbits(128):032x}"
-            waiting.append(WaitingReq(rid, rng.randint(1024, 12000), 0, 128, arrival, False))
+            waiting.append(waiting_req(rid, rng.randint(1024, 12000), 0, 128, arrival, False))
         elif kind < 0.45:
             borrowed = rng.random() < 0.67
             slots[sid] = SlotView(sid, held, held, inflight=True)
             waiting.append(
-                WaitingReq(turn_rid(sid, 2), held + rng.randint(64, 2048), 0, 1, arrival, borrowed)
+                waiting_req(turn_rid(sid, 2), held + rng.randint(64, 2048), 0, 1, arrival, borrowed)
             )
         elif kind < 0.70:
             slots[sid] = SlotView(sid, held, held, inflight=False)
@@ -113,7 +118,7 @@ def make_decide_snapshot(rng: random.Random, n: int) -> tuple[Snapshot, dict[str
             slots[sid] = SlotView(sid, held, held, inflight=True)
         else:
             slots[sid] = SlotView(sid, held, held, inflight=True)
-            waiting.append(WaitingReq(final_rid(sid), held + 64, 0, 128, arrival, False))
+            waiting.append(waiting_req(final_rid(sid), held + 64, 0, 128, arrival, False))
         if kind >= 0.15 and sid not in slots and rng.random() < 0.1:
             host.append(HostCopy(sid, held, True))
     free = rng.randint(0, 2 * TOKEN_BUDGET)
@@ -139,8 +144,21 @@ def timed(snaps: list, policy: object, iters: int, clock: Callable[[], int]) -> 
     return out
 
 
-def bench_decide(n: int, policy_name: str, iters: int, warmup: int, seed: int) -> dict:
-    """`decide` per call on 32 seeded snapshots (views, order, plan, victims: all timed)."""
+def rebuilt(snap: Snapshot) -> Snapshot:
+    """`snap` with its per-step objects built again, as `adapter.snapshot` builds them each
+    step: the waiting requests (their rids split again), the slots and the host copies."""
+    return snap._replace(
+        waiting=tuple([waiting_req(*w[:7]) for w in snap.waiting]),
+        slots={sid: SlotView(*v) for sid, v in snap.slots.items()},
+        host=tuple([HostCopy(*c) for c in snap.host]),
+    )
+
+
+def bench_decide(
+    n: int, policy_name: str, iters: int, warmup: int, seed: int, cycled: bool = False
+) -> dict:
+    """`decide` per call on 32 seeded snapshots (views, order, plan, victims: all timed),
+    each rebuilt before the call (untimed; `rebuilt`) unless `cycled`."""
     rng = random.Random(seed * 1000 + n)
     snaps = [make_decide_snapshot(rng, n) for _ in range(32)]
     policy, preemption = get_policy(policy_name), get_preemption("swap")
@@ -149,6 +167,8 @@ def bench_decide(n: int, policy_name: str, iters: int, warmup: int, seed: int) -
         out, acts = [], []
         for k in range(count):
             snap, streams = snaps[k % len(snaps)]
+            if not cycled:
+                snap = rebuilt(snap)
             t0 = clock()
             acts.append(decide(snap, streams, policy, preemption))
             out.append((clock() - t0) / 1000.0)
@@ -237,15 +257,26 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="write results JSON here")
+    ap.add_argument(
+        "--cycled",
+        action="store_true",
+        help="--step decide: time the same snapshot objects in turn, not rebuilt each call",
+    )
     args = ap.parse_args()
 
     before = machine()
-    run = bench if args.step == "plan" else bench_decide
-    rows = [
-        run(n, pol, args.iters, args.warmup, args.seed)
-        for n in args.streams
-        for pol in args.policies
-    ]
+    if args.step == "plan":
+        rows = [
+            bench(n, pol, args.iters, args.warmup, args.seed)
+            for n in args.streams
+            for pol in args.policies
+        ]
+    else:
+        rows = [
+            bench_decide(n, pol, args.iters, args.warmup, args.seed, args.cycled)
+            for n in args.streams
+            for pol in args.policies
+        ]
     after = machine()
     counted = "grants" if args.step == "plan" else "preempted"
     print(
@@ -270,7 +301,7 @@ def main() -> None:
     w_mean, w_p99, w_verdict = verdict(rows, "mean_us", "p99_us")
     c_mean, c_p99, c_verdict = verdict(rows, "cpu_mean_us", "cpu_p99_us")
     print(
-        f"micro_plan ({args.step}): worst mean @50 = {w_mean:.1f} us (target < 50), worst p99 @500 = "
+        f"micro_plan ({args.step}{', cycled' if args.cycled and args.step == 'decide' else ''}): worst mean @50 = {w_mean:.1f} us (target < 50), worst p99 @500 = "
         f"{w_p99:.1f} us (target < 200): {w_verdict} wall-clock; cpu time {c_mean:.1f} / "
         f"{c_p99:.1f} us: {c_verdict}"
     )
@@ -282,6 +313,9 @@ def main() -> None:
             "iters": args.iters,
             "warmup": args.warmup,
             "seed": args.seed,
+            "snapshots": ("cycled" if args.cycled else "rebuilt")
+            if args.step == "decide"
+            else None,
             "machine": before,
             "loadavg_1m_after": after["loadavg_1m"],
             "results": rows,

@@ -34,7 +34,7 @@ from array import array
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from s2l_sglang.rid import stream_of
+from s2l_sglang.rid import parts, stream_of
 from s2l_sglang.sched.decide import Actions, HostCopy, SlotView, Snapshot, WaitingReq
 
 
@@ -95,8 +95,8 @@ def waiting(scheduler: Any, at: float, evictable: int = 0) -> tuple[WaitingReq, 
     slot_of = scheduler.tree_cache.session.slots
     out = []
     for req in scheduler.waiting_queue:
-        sid = stream_of(req.rid)
-        slot = slot_of.get(sid) if sid is not None else None
+        sid, volatile = parts(req.rid)
+        slot = slot_of.get(sid) if sid else None
         hit = int(getattr(req, "prefix_len", 0) or 0)
         borrowed = slot is not None and req.kv is slot.kv
         out.append(
@@ -108,6 +108,8 @@ def waiting(scheduler: Any, at: float, evictable: int = 0) -> tuple[WaitingReq, 
                 entered=entered(req, at),
                 borrowed=borrowed,
                 prefix_free=0 if slot is not None and slot.kv.holds_kv else min(hit, evictable),
+                sid=sid,
+                volatile=volatile,
             )
         )
     return tuple(out)

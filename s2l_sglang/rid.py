@@ -50,6 +50,12 @@ def is_speculative(rid: str | None) -> bool:
     return bool(rid) and MARK in rid and not is_final(rid)
 
 
+def parts(rid: str) -> tuple[str, bool]:
+    """`stream_of(rid)` ("" for any other request) and `is_volatile(rid)`, in one split."""
+    sid, mark, tail = rid.rpartition(MARK)
+    return sid, bool(mark) and tail[:1] == "v"
+
+
 def stream_of(rid: str | None) -> str | None:
     """The stream id a turn's rid belongs to, or None for any other request."""
     if not rid or MARK not in rid:

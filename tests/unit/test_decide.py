@@ -44,6 +44,7 @@ from s2l_sglang.sched.decide import (
     ranks,
     record_turn,
     views,
+    waiting_req,
     waiting_views,
 )
 from s2l_sglang.sched.planner import choose_victims, plan
@@ -53,7 +54,7 @@ from s2l_sglang.sched.preemption import get_preemption
 
 def waiting(rid: str, prompt: int = 100, *, hit: int = 0, max_new: int = 16, entered: float = 0.0,
             borrowed: bool = False) -> WaitingReq:  # fmt: skip
-    return WaitingReq(rid, prompt, hit, max_new, entered, borrowed)
+    return waiting_req(rid, prompt, hit, max_new, entered, borrowed)
 
 
 def snap(*reqs: WaitingReq, slots=(), host=(), free_kv=10_000, available=None, chunked=0,
@@ -79,6 +80,22 @@ STREAMS = {
     "b": StreamInfo(opened=2.0, last_chunk=6.0),
     "c": StreamInfo(opened=3.0, last_chunk=7.0, complete=True),
 }
+
+
+def test_a_waiting_request_carries_its_stream_and_whether_it_is_a_volatile_tail():
+    """The adapter splits each rid once (`rid.parts`); the decisions read `sid` and
+    `volatile` and split none, so both must be what the rid says."""
+    cases = {
+        "plain-1": ("", False),
+        turn_rid("a.b", 2): ("a.b", False),
+        volatile_rid("a.b", 3): ("a.b", True),
+        final_rid("a.b"): ("a.b", False),
+        final_rid("a.b", 2): ("a.b", False),
+    }
+    for rid, (sid, volatile) in cases.items():
+        w = waiting(rid)
+        assert (w.sid, w.volatile) == (sid, volatile), rid
+        assert w.sid == (stream_of(rid) or "") and w.volatile == is_volatile(rid), rid
 
 
 def test_views_count_a_plain_requests_prefix_hit_and_keep_its_queue_entry_time():
@@ -410,7 +427,7 @@ def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo
         held = rng.randint(0, 600)
         if kind < 0.2:
             waiting_.append(
-                WaitingReq(
+                waiting_req(
                     f"p{i}",
                     rng.randint(1, 900),
                     hit := rng.randint(0, 300),
@@ -431,7 +448,7 @@ def _random_snapshot(rng: random.Random) -> tuple[Snapshot, dict[str, StreamInfo
             rid = (final_rid(sid) if kind > 0.85 else
                    rng.choice([turn_rid(sid, 2), volatile_rid(sid, 3)]))  # fmt: skip
             waiting_.append(
-                WaitingReq(
+                waiting_req(
                     rid,
                     held + rng.randint(1, 700),
                     hit := rng.randint(0, 200),
