@@ -29,6 +29,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from itertools import repeat
 from pathlib import Path
 
@@ -265,18 +266,13 @@ def main() -> None:
     args = ap.parse_args()
 
     before = machine()
-    if args.step == "plan":
-        rows = [
-            bench(n, pol, args.iters, args.warmup, args.seed)
-            for n in args.streams
-            for pol in args.policies
-        ]
-    else:
-        rows = [
-            bench_decide(n, pol, args.iters, args.warmup, args.seed, args.cycled)
-            for n in args.streams
-            for pol in args.policies
-        ]
+    snapshots = None if args.step == "plan" else "cycled" if args.cycled else "rebuilt"
+    run = bench if args.step == "plan" else partial(bench_decide, cycled=args.cycled)
+    rows = [
+        run(n, pol, args.iters, args.warmup, args.seed)
+        for n in args.streams
+        for pol in args.policies
+    ]
     after = machine()
     counted = "grants" if args.step == "plan" else "preempted"
     print(
@@ -301,7 +297,7 @@ def main() -> None:
     w_mean, w_p99, w_verdict = verdict(rows, "mean_us", "p99_us")
     c_mean, c_p99, c_verdict = verdict(rows, "cpu_mean_us", "cpu_p99_us")
     print(
-        f"micro_plan ({args.step}{', cycled' if args.cycled and args.step == 'decide' else ''}): worst mean @50 = {w_mean:.1f} us (target < 50), worst p99 @500 = "
+        f"micro_plan ({args.step}{', cycled' if snapshots == 'cycled' else ''}): worst mean @50 = {w_mean:.1f} us (target < 50), worst p99 @500 = "
         f"{w_p99:.1f} us (target < 200): {w_verdict} wall-clock; cpu time {c_mean:.1f} / "
         f"{c_p99:.1f} us: {c_verdict}"
     )
@@ -313,9 +309,7 @@ def main() -> None:
             "iters": args.iters,
             "warmup": args.warmup,
             "seed": args.seed,
-            "snapshots": ("cycled" if args.cycled else "rebuilt")
-            if args.step == "decide"
-            else None,
+            "snapshots": snapshots,
             "machine": before,
             "loadavg_1m_after": after["loadavg_1m"],
             "results": rows,

@@ -29,7 +29,7 @@ def volatile_rid(stream_id: str, n: int) -> str:
 
 def is_volatile(rid: str | None) -> bool:
     """True for a prefill turn of a volatile tail (`volatile_rid`)."""
-    return bool(rid) and MARK in rid and rid.rpartition(MARK)[2].startswith("v")
+    return bool(rid) and parts(rid)[1]
 
 
 def final_rid(stream_id: str, n: int = 0) -> str:
