@@ -9,7 +9,10 @@ per-step objects are built again (untimed), as the adapter builds them right bef
 step decides: the waiting requests (each rid split anew), the slots and the host copies; the
 streams' infos and the rids are the long-lived objects they are in a server. `--cycled`
 times the 32 snapshots' same objects over and over instead (the measure before 2026-12-06:
-colder in cache, about 1.5-2x slower on this 2-core VM).
+colder in cache, about 1.5-2x slower on this 2-core VM). `--speculative-only` leaves only
+the turns of partial streams in each snapshot's waiting queue (`speculative_only`): a load of
+streams between final contexts, where the head is speculative work and may only swap its
+victims out (decide's costliest path: the waiting turns that hold KV are looked at too).
 For each stream count, 32 seeded snapshots (see `make_snapshot`) are planned in turn with a token
 budget of 8192; each call gets freshly built views (untimed), as a real step plans right after
 building them. Prints a markdown table per policy and stream count: wall-clock mean, p50, p99 of
@@ -127,6 +130,15 @@ def make_decide_snapshot(rng: random.Random, n: int) -> tuple[Snapshot, dict[str
     return snap, streams
 
 
+def speculative_only(
+    snap: Snapshot, streams: dict[str, StreamInfo]
+) -> tuple[Snapshot, dict[str, StreamInfo]]:
+    """`snap` with only the turns of partial streams waiting (no plain request, no final turn),
+    and a reserve for speculative work as a server with one sets it (a quarter token budget)."""
+    waiting = tuple(w for w in snap.waiting if w.sid in streams and not streams[w.sid].complete)
+    return snap._replace(waiting=waiting, spec_reserve=TOKEN_BUDGET // 4), streams
+
+
 def percentile(sorted_xs: list[float], q: float) -> float:
     return sorted_xs[min(len(sorted_xs) - 1, int(q * len(sorted_xs)))]
 
@@ -156,12 +168,21 @@ def rebuilt(snap: Snapshot) -> Snapshot:
 
 
 def bench_decide(
-    n: int, policy_name: str, iters: int, warmup: int, seed: int, cycled: bool = False
+    n: int,
+    policy_name: str,
+    iters: int,
+    warmup: int,
+    seed: int,
+    cycled: bool = False,
+    only_speculative: bool = False,
 ) -> dict:
     """`decide` per call on 32 seeded snapshots (views, order, plan, victims: all timed),
-    each rebuilt before the call (untimed; `rebuilt`) unless `cycled`."""
+    each rebuilt before the call (untimed; `rebuilt`) unless `cycled`; with only speculative
+    turns waiting if `only_speculative` (`speculative_only`)."""
     rng = random.Random(seed * 1000 + n)
     snaps = [make_decide_snapshot(rng, n) for _ in range(32)]
+    if only_speculative:
+        snaps = [speculative_only(*s) for s in snaps]
     policy, preemption = get_policy(policy_name), get_preemption("swap")
 
     def run(clock: Callable[[], int], count: int) -> tuple[list[float], list]:
@@ -263,11 +284,21 @@ def main() -> None:
         action="store_true",
         help="--step decide: time the same snapshot objects in turn, not rebuilt each call",
     )
+    ap.add_argument(
+        "--speculative-only",
+        action="store_true",
+        help="--step decide: only turns of partial streams wait (every head is speculative)",
+    )
     args = ap.parse_args()
 
     before = machine()
     snapshots = None if args.step == "plan" else "cycled" if args.cycled else "rebuilt"
-    run = bench if args.step == "plan" else partial(bench_decide, cycled=args.cycled)
+    mix = None if args.step == "plan" else "speculative-only" if args.speculative_only else "mixed"
+    run = (
+        bench
+        if args.step == "plan"
+        else partial(bench_decide, cycled=args.cycled, only_speculative=args.speculative_only)
+    )
     rows = [
         run(n, pol, args.iters, args.warmup, args.seed)
         for n in args.streams
@@ -297,7 +328,8 @@ def main() -> None:
     w_mean, w_p99, w_verdict = verdict(rows, "mean_us", "p99_us")
     c_mean, c_p99, c_verdict = verdict(rows, "cpu_mean_us", "cpu_p99_us")
     print(
-        f"micro_plan ({args.step}{', cycled' if snapshots == 'cycled' else ''}): worst mean @50 = {w_mean:.1f} us (target < 50), worst p99 @500 = "
+        f"micro_plan ({args.step}{', cycled' if snapshots == 'cycled' else ''}"
+        f"{', speculative only' if mix == 'speculative-only' else ''}): worst mean @50 = {w_mean:.1f} us (target < 50), worst p99 @500 = "
         f"{w_p99:.1f} us (target < 200): {w_verdict} wall-clock; cpu time {c_mean:.1f} / "
         f"{c_p99:.1f} us: {c_verdict}"
     )
@@ -310,6 +342,7 @@ def main() -> None:
             "warmup": args.warmup,
             "seed": args.seed,
             "snapshots": snapshots,
+            "mix": mix,
             "machine": before,
             "loadavg_1m_after": after["loadavg_1m"],
             "results": rows,

@@ -29,17 +29,15 @@ speculative turn (`may_cancel`).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from itertools import compress
-from operator import itemgetter, mul, neg, not_
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import chain, compress
+from operator import itemgetter, mul, not_
 from typing import Literal, NamedTuple
 
 from s2l_sglang.rid import is_final, is_speculative, is_volatile, parts, stream_of
 from s2l_sglang.sched.policy import Policy
 from s2l_sglang.sched.preemption import Preemption
 from s2l_sglang.sched.snapshot import ReqView
-
-_RECLAIMABLE = itemgetter(ReqView._fields.index("reclaimable_kv"))
 
 
 class StreamInfo(NamedTuple):
@@ -229,7 +227,8 @@ class _Idle(NamedTuple):
 
     slots: list[SlotView]
     infos: list[StreamInfo]
-    kv: int  # the KV preempting all of them frees (their slots' allocated tokens)
+    each: list[int]  # the KV preempting each frees (its slot's allocated tokens)
+    kv: int  # the KV preempting all of them frees
 
 
 _SLOT_SID = itemgetter(0)
@@ -248,7 +247,8 @@ def _idle(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> _Idle:
     if None in infos:  # slots of streams the scheduler does not know are not idle streams
         slots = list(compress(slots, infos))
         infos = [i for i in infos if i is not None]
-    return _Idle(slots, infos, sum(map(_SLOT_KV, slots)))
+    each = list(map(_SLOT_KV, slots))
+    return _Idle(slots, infos, each, sum(each))
 
 
 def _idle_view(slot: SlotView, info: StreamInfo) -> ReqView:
@@ -265,49 +265,78 @@ def _idle_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[ReqVi
     return _idle_views_of(_idle(snap, streams))
 
 
-def _idle_victims(idle: _Idle, by: tuple[str, str], shortfall: int) -> list[ReqView]:
-    """`_victims` of the idle streams' views for a policy that ranks committed and speculative
-    work by `by` (`ranks(policy)`), without their views or a sort: the
+def _idle_order(idle: _Idle, by: tuple[str, str], most: int = _ALL) -> Iterator[ReqView]:
+    """The views of the idle streams that hold KV, lowest priority first (`_victims`' order
+    of them), for a policy that ranks committed and speculative work by `by`
+    (`ranks(policy)`), made lazily, without a view per stream or a sort of key tuples: the
     policy orders idle streams with a final context before the others, each by its class's
-    rank then (arrival, rid) ("given": slot order), and victims come lowest priority first:
-    the partial streams, then (rarely) the complete ones, each the largest of a key tuple that
-    zip builds in C; usually one or two are taken. tests/unit/test_decide.py checks `decide`
-    against the general planner on random states."""
-    slots, infos = idle.slots, idle.infos
-    holding = list(map(_SLOT_KV, slots))
-    complete = list(map(_COMPLETE, infos))
+    rank then (arrival, rid) ("given": slot order), so the partial streams come first, then
+    (rarely) the complete ones. A class's holders (usually every idle stream: slots hold KV,
+    and few idle streams are complete) are sorted on the rank's key alone, a float or int
+    sort in C several times faster than one of key tuples; the tuples decide only where the
+    next view's key ties the one after. Only streams holding at most `most` tokens are
+    taken (`_ALL`: any). tests/unit/test_decide.py checks `decide` against the general
+    planner on random states."""
+    slots, infos, holding = idle.slots, idle.infos, idle.each
+    every = 0 not in holding and (most >= _ALL or max(holding, default=0) <= most)
+    if every and True not in map(_COMPLETE, infos):
+        classes = ((by[1], list(range(len(slots)))),)  # the usual case: one pass each, in C
+    else:
+        if not every:
+            holding = [0 < h <= most for h in holding]
+        complete = list(map(_COMPLETE, infos))
+        classes = (
+            (by[1], list(compress(range(len(slots)), map(mul, holding, map(not_, complete))))),
+            (by[0], list(compress(range(len(slots)), map(mul, holding, complete)))),
+        )
+    for rank, take in classes:
+        if len(take) < 2 or rank == "given":  # slot order: the last is the lowest
+            while take:
+                i = take.pop()
+                yield _idle_view(slots[i], infos[i])
+            continue
+        every = len(take) == len(slots)  # the class's items are the slots, in order
+        if rank == "held":  # most first: the lowest priority holds the least
+            key = list(map(_SLOT_HELD, slots if every else map(slots.__getitem__, take)))
+        else:
+            field = _OPENED if rank == "arrival" else _LAST_CHUNK
+            key = list(map(field, infos if every else map(infos.__getitem__, take)))
+        # the lowest priority last (a stable sort: the reverse keeps ties in given order)
+        order = sorted(range(len(take)), key=key.__getitem__, reverse=rank == "held")
+        while order:
+            if len(order) > 1 and key[order[-1]] == key[order[-2]]:
+                tie = _tied(key, order)  # (arrival, rid) decides it, as in the policies' order
+                order[tie:] = sorted(
+                    order[tie:], key=lambda k: (infos[take[k]][0], slots[take[k]][0])
+                )
+            i = take[order.pop()]
+            yield _idle_view(slots[i], infos[i])
+
+
+def _upto(victims: Iterable[ReqView], shortfall: int) -> list[ReqView]:
+    """The first of `victims` whose reclaimable KV covers `shortfall` (all if they do not)."""
     out: list[ReqView] = []
     freed = 0
-    for rank, in_class in ((by[1], map(not_, complete)), (by[0], iter(complete))):
-        if freed >= shortfall:
-            break
-        if rank == "given":
-            keys = zip(range(len(slots)))  # slot order: the last is the lowest
-        else:
-            key = (
-                map(_OPENED, infos)
-                if rank == "arrival"
-                else map(_LAST_CHUNK, infos)
-                if rank == "last_chunk"
-                else map(neg, map(_SLOT_HELD, slots))
-            )  # "held": most first
-            keys = zip(key, map(_OPENED, infos), map(_SLOT_SID, slots), range(len(slots)),
-                       strict=True)  # fmt: skip
-        candidates = list(compress(keys, map(mul, holding, in_class)))  # the class's holders
-        passes = 0
-        while candidates and freed < shortfall:
-            passes += 1
-            if passes <= 2:  # the usual one or two victims: a pass each
-                last = max(candidates)
-                candidates.remove(last)
-            else:  # many small ones (mcps takes the least computed first): one sort
-                if passes == 3:
-                    candidates.sort()
-                last = candidates.pop()
-            i = last[-1]
-            out.append(_idle_view(slots[i], infos[i]))
-            freed += slots[i][2]
+    if shortfall > 0:
+        for v in victims:  # (a view past the last one needed is not made)
+            out.append(v)
+            freed += v[9]  # ReqView.reclaimable_kv
+            if freed >= shortfall:
+                break
     return out
+
+
+def _idle_victims(idle: _Idle, by: tuple[str, str], shortfall: int) -> list[ReqView]:
+    """`_victims` of the idle streams' views (`_idle_order`) for a policy that ranks by `by`."""
+    return _upto(_idle_order(idle, by), shortfall)
+
+
+def _tied(key: list, order: list[int]) -> int:
+    """Where the run of `order`'s last keys equal to its last one starts."""
+    last, j = key[order[-1]], len(order) - 1
+    while j and key[order[j - 1]] == last:
+        j -= 1
+    return j
 
 
 def ranks(policy: Policy) -> tuple[str, str] | None:
@@ -407,10 +436,12 @@ def decide(
     found in one pass over the queue (`_head_index`), without a view per request or a sort;
     other policies order the waiting requests' views. The holders are looked at only when the
     head lacks KV, and then only the idle streams when their KV covers the shortfall (they are
-    the first victims; for a policy with a `rank`, without their views or a sort:
-    `_idle_victims`), else those and the waiting turns that hold KV (`_holders`). It relies
-    on a policy ordering any subset as it orders the whole, as the sort-based built-in ones
-    do."""
+    the first victims; for a policy with a `rank`, by a sort of one key per stream in C and a
+    view for each victim only: `_idle_order`), else those and the waiting turns that hold KV
+    (`_holders`), whose views are built and ordered only if the idle streams do not do
+    (`_later_victims`). A speculative head takes no victim larger than the host room left, so
+    those are never ordered. It relies on a policy ordering any subset as it orders the
+    whole, as the sort-based built-in ones do."""
     drop = tuple(c.sid for c in snap.host if not c.session_open or c.sid in snap.slots)
     if not snap.waiting:
         return Actions(drop_copies=drop) if drop else NOTHING
@@ -465,6 +496,7 @@ def decide(
         need = free_kv + 1  # the count was wrong somewhere: free one victim's KV
     elif need <= free_kv:  # it fits: no idle stream needs looking at
         return done._replace(planned=True) if _at_stake(snap, streams) else done
+    host_free = snap.host_free + sum(copies[s].size for s in swap_in)
     idle = _idle(snap, streams)
     if free_kv + idle.kv >= need and not speculative:
         # Idle streams alone make room, and they are the first victims (`_victims`): the
@@ -478,17 +510,34 @@ def decide(
     else:
         # the other waiting requests that hold KV a preemption frees (turns not on their
         # slot yet): only they can be victims, so only their views are built
-        held = waiting_views(snap._replace(waiting=tuple(_holders(snap, hi))), streams)
-        reclaimable = sum(map(_RECLAIMABLE, held)) + idle.kv
+        holders = list(_holders(snap, hi))
+        slots = snap.slots
+        reclaimable = sum(slots[w[7]][2] for w in holders) + idle.kv  # (their views' KV)
         if not reclaimable and not first.reclaimable_kv:
             return done
         cap = free_kv + reclaimable  # all the KV the head could have
         shortfall = min(need, cap) - free_kv  # <= 0 also when cap <= 0: no victim helps
         if shortfall <= 0 or (speculative and need > cap):  # (swaps would not admit it)
             return done._replace(planned=True)
-        victims = _victims(policy, held + _idle_views_of(idle), _ALL if speculative else shortfall)
+        if by:  # the idle streams first (`_victims`' order), the waiting turns only if needed
+            if speculative:  # it takes victims until swaps cover its need; a `Preemption`
+                # swaps only what fits the host room, so a larger victim is never taken
+                most = host_free - reserve
+                victims: Iterable[ReqView] = chain(
+                    _idle_order(idle, by, most),
+                    _later_victims(snap, streams, policy, holders, most),
+                )
+            else:
+                victims = _upto(
+                    chain(_idle_order(idle, by), _later_victims(snap, streams, policy, holders)),
+                    shortfall,
+                )
+        else:
+            held = waiting_views(snap._replace(waiting=tuple(holders)), streams)
+            victims = _victims(
+                policy, held + _idle_views_of(idle), _ALL if speculative else shortfall
+            )
     preempt: list[Preempt] = []
-    host_free = snap.host_free + sum(copies[s].size for s in swap_in)
     freed = 0
     for view in victims:
         sid = view.rid if view.state == "idle" else stream_of(view.rid)
@@ -666,10 +715,10 @@ def _holders(snap: Snapshot, skip: int = -1) -> Iterator[WaitingReq]:
     turns not on their slot yet whose slot holds KV (`waiting_views`' `reclaimable_kv`)."""
     slots_get = snap.slots.get
     for i, w in enumerate(snap.waiting):
-        if w.borrowed or i == skip:
+        if w[5] or i == skip:  # WaitingReq.borrowed
             continue
-        slot = slots_get(w.sid) if w.sid else None
-        if slot is not None and slot.allocated:
+        slot = slots_get(w[7]) if w[7] else None  # WaitingReq.sid
+        if slot is not None and slot[2]:  # SlotView.allocated
             yield w
 
 
@@ -694,35 +743,48 @@ def _head_index(
         return _first_given(snap, streams)
     streams_get = streams.get
     slots_get = snap.slots.get
+    waiting = snap.waiting
     # per class (committed, speculative): StreamInfo.last_chunk, else .opened; or held tokens
     c_field = 1 if by[0] == "last_chunk" else 0
     s_field = 1 if by[1] == "last_chunk" else 0
     c_held, s_held = by[0] == "held", by[1] == "held"  # most first
     c_key = s_key = _INF  # the best key so far, committed and speculative
     c_i = s_i = -1
-    held = c_held or s_held
-    for i, w in enumerate(snap.waiting):
+    # speculative turns ranked by held tokens: their slots are looked up only when no
+    # committed request waits (the speculative key matters only then)
+    deferred: list[int] = []
+    for i, w in enumerate(waiting):
         sid = w[7]  # WaitingReq.sid, .volatile, .entered by index: this loop is the cost
         info = streams_get(sid) if sid else None
         if info is None:
             if w[8]:
                 continue  # a volatile tail (`_demoted`)
-            speculative, key = False, w[4]
+            key = w[4]
+        elif info[2]:
+            key = info[c_field]
+        elif w[8]:
+            continue
+        elif s_held:
+            deferred.append(i)
+            continue
         else:
-            speculative = not info[2]
-            if speculative and w[8]:
-                continue
-            key = info[s_field if speculative else c_field]
-        if held and (s_held if speculative else c_held):
-            slot = slots_get(sid) if sid else None
-            key = -slot[1] if slot is not None else 0
-        if speculative:
+            key = info[s_field]
             if key < s_key or (key == s_key and _before(snap, streams, i, s_i)):
                 s_key, s_i = key, i
-        elif key < c_key or (key == c_key and _before(snap, streams, i, c_i)):
+            continue
+        if c_held:
+            slot = slots_get(sid) if sid else None
+            key = -slot[1] if slot is not None else 0
+        if key < c_key or (key == c_key and _before(snap, streams, i, c_i)):
             c_key, c_i = key, i
-    pick = c_i if c_i >= 0 else s_i
-    return None if pick < 0 else pick
+    if c_i >= 0:
+        return c_i
+    for i in deferred:
+        slot = slots_get(waiting[i][7])
+        key = -slot[1] if slot is not None else 0
+        if key < s_key or (key == s_key and _before(snap, streams, i, s_i)):
+            s_key, s_i = key, i
+    return None if s_i < 0 else s_i
 
 
 _INF = float("inf")
@@ -772,6 +834,20 @@ def _with_copy(w: WaitingReq, size: int) -> WaitingReq:
     if size <= w.prefix_hit:
         return w
     return w._replace(prefix_hit=size, prefix_free=size - (w.prefix_hit - w.prefix_free))
+
+
+def _later_victims(
+    snap: Snapshot,
+    streams: Mapping[str, StreamInfo],
+    policy: Policy,
+    holders: list[WaitingReq],
+    most: int = _ALL,
+) -> Iterator[ReqView]:
+    """`_victims`' order of the waiting turns `holders` (`_holders`: they hold KV; victims
+    after every idle stream) that hold at most `most` tokens, their views built and ordered
+    only once a victim among them is asked for."""
+    held = waiting_views(snap._replace(waiting=tuple(holders)), streams)
+    yield from _victims(policy, [v for v in held if v[9] <= most], _ALL)
 
 
 def _victims(policy: Policy, others: list[ReqView], shortfall: int) -> list[ReqView]:
