@@ -95,7 +95,7 @@ def waiting(scheduler: Any, at: float, evictable: int = 0) -> tuple[WaitingReq, 
     slot_of = scheduler.tree_cache.session.slots
     out = []
     for req in scheduler.waiting_queue:
-        sid, volatile = parts(req.rid)
+        sid, volatile, speculative = parts(req.rid)
         slot = slot_of.get(sid) if sid else None
         hit = int(getattr(req, "prefix_len", 0) or 0)
         borrowed = slot is not None and req.kv is slot.kv
@@ -110,6 +110,7 @@ def waiting(scheduler: Any, at: float, evictable: int = 0) -> tuple[WaitingReq, 
                 prefix_free=0 if slot is not None and slot.kv.holds_kv else min(hit, evictable),
                 sid=sid,
                 volatile=volatile,
+                speculative=speculative,
             )
         )
     return tuple(out)

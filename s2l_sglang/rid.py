@@ -41,7 +41,10 @@ def is_final(rid: str | None) -> bool:
     """True for a generating turn of a stream (`final_rid`)."""
     if not rid or MARK not in rid:
         return False
-    tail = rid.rpartition(MARK)[2]
+    return _final_tail(rid.rpartition(MARK)[2])
+
+
+def _final_tail(tail: str) -> bool:
     return tail.startswith("-final") and (tail == "-final" or tail[6:].isdigit())
 
 
@@ -50,10 +53,13 @@ def is_speculative(rid: str | None) -> bool:
     return bool(rid) and MARK in rid and not is_final(rid)
 
 
-def parts(rid: str) -> tuple[str, bool]:
-    """`stream_of(rid)` ("" for any other request) and `is_volatile(rid)`, in one split."""
+def parts(rid: str) -> tuple[str, bool, bool]:
+    """`stream_of(rid)` ("" for any other request), `is_volatile(rid)` and
+    `is_speculative(rid)`, in one split."""
     sid, mark, tail = rid.rpartition(MARK)
-    return sid, bool(mark) and tail[:1] == "v"
+    if not mark:
+        return "", False, False
+    return sid, tail[:1] == "v", not _final_tail(tail)
 
 
 def stream_of(rid: str | None) -> str | None:

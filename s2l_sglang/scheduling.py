@@ -279,11 +279,11 @@ class StreamScheduling:
         if not holding and not needs_order(rids, keep):  # before any snapshot
             return
         snap = self._snapshot(scheduler)
-        order = decide_order(snap, self.streams, self.policy, keep)
+        views_ = waiting_views(snap, self.streams)  # shared by the order, hold and cap_step
+        order = decide_order(snap, self.streams, self.policy, keep, views_)
         if order is not None:
             adapter.reorder(scheduler, order)
         if holding:
-            views_ = waiting_views(snap, self.streams)  # shared by hold and cap_step
             held = hold(snap, self.streams, order, views_)
             if held:
                 taken = adapter.hold_out(scheduler, held)

@@ -66,6 +66,9 @@ class WaitingReq(NamedTuple):
     #: loops over the queue (the step's cost at 500 streams) then split no string
     sid: str
     volatile: bool  # a turn of a volatile tail (`rid.is_volatile`)
+    #: a prefill turn of a stream (`rid.is_speculative`; speculative work while the stream's
+    #: context is not final), split from the rid with `sid`
+    speculative: bool
 
 
 def waiting_req(
@@ -77,11 +80,12 @@ def waiting_req(
     borrowed: bool,
     prefix_free: int = 0,
 ) -> WaitingReq:
-    """A `WaitingReq`, its `sid` and `volatile` taken from `rid`."""
-    sid, volatile = parts(rid)
+    """A `WaitingReq`, its `sid`, `volatile` and `speculative` taken from `rid`."""
+    sid, volatile, speculative = parts(rid)
     return WaitingReq(
-        rid, prompt_len, prefix_hit, max_new, entered, borrowed, prefix_free, sid, volatile
-    )
+        rid, prompt_len, prefix_hit, max_new, entered, borrowed, prefix_free, sid, volatile,
+        speculative,
+    )  # fmt: skip
 
 
 class SlotView(NamedTuple):
@@ -202,7 +206,7 @@ def waiting_views(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> list[Req
     append = out.append
     slots_get = snap.slots.get
     streams_get = streams.get
-    for rid, prompt_len, prefix_hit, max_new, entered, borrowed, _, sid, _ in snap.waiting:
+    for rid, prompt_len, prefix_hit, max_new, entered, borrowed, _, sid, _, _ in snap.waiting:
         info = streams_get(sid) if sid else None
         slot = slots_get(sid) if sid else None
         if slot is not None:
@@ -377,7 +381,11 @@ def _committed_first(order: list[ReqView]) -> list[str]:
 
 
 def decide_order(
-    snap: Snapshot, streams: Mapping[str, StreamInfo], policy: Policy, keep_sglang_order: bool
+    snap: Snapshot,
+    streams: Mapping[str, StreamInfo],
+    policy: Policy,
+    keep_sglang_order: bool,
+    views_: Sequence[ReqView] | None = None,
 ) -> tuple[str, ...] | None:
     """The waiting queue's order, or None to leave SGLang's.
 
@@ -385,10 +393,12 @@ def decide_order(
     work (prefill turns of contexts not yet final), and volatile tails (update mode: what the
     last refinement rewrote, `rid.is_volatile`) after everything, so speculative turns get only
     the budget left over. `keep_sglang_order` (the `default` policy): SGLang's order within
-    each class, and nothing to do while no speculative turn waits."""
+    each class, and nothing to do while no speculative turn waits. `views_`:
+    `waiting_views(snap, streams)`, if the caller has them (`hold` and `cap_step` use them)."""
     if not needs_order([w.rid for w in snap.waiting], keep_sglang_order):
         return None
-    return tuple(_committed_first(policy.order(waiting_views(snap, streams))))
+    views_ = list(views_) if views_ is not None else waiting_views(snap, streams)
+    return tuple(_committed_first(policy.order(views_)))
 
 
 def _head(policy: Policy, waiting: list[ReqView]) -> ReqView:
@@ -600,7 +610,7 @@ def hold(
         if entry is None:
             continue
         view, w = entry
-        if is_speculative(rid) and not view.complete:
+        if w[9] and not view.complete:  # WaitingReq.speculative: speculative work
             need = max(w.prompt_len - view.held, 1) + w.max_new + snap.admit_extra
             if need > budget:
                 held.append(rid)
@@ -651,7 +661,7 @@ def cap_step(
     by_rid = {
         v.rid: v.pending - w.max_new
         for v, w in zip(views_ or waiting_views(snap, streams), snap.waiting, strict=True)
-        if v.is_stream and not v.complete and is_speculative(v.rid)
+        if w[9] and v.is_stream and not v.complete  # WaitingReq.speculative
     }
     held: list[str] = []
     for rid in order if order is not None else by_rid:
@@ -704,9 +714,15 @@ def committed_need(snap: Snapshot, streams: Mapping[str, StreamInfo]) -> int:
     classes, which `cap_step` and the order use) would ask with no prefix cached: its prompt
     and output budget."""
     most = 0
+    streams_get = streams.get
     for w in snap.waiting:
-        if not is_speculative_work(w.rid, streams):
-            most = max(most, w.prompt_len + w.max_new)
+        if w[9]:  # WaitingReq.speculative: a prefill turn, speculative work unless promoted
+            info = streams_get(w[7])
+            if info is not None and not info[2]:
+                continue
+        need = w[1] + w[3]  # its prompt and output budget
+        if need > most:
+            most = need
     return most
 
 

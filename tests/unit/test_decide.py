@@ -83,19 +83,22 @@ STREAMS = {
 
 
 def test_a_waiting_request_carries_its_stream_and_whether_it_is_a_volatile_tail():
-    """The adapter splits each rid once (`rid.parts`); the decisions read `sid` and
-    `volatile` and split none, so both must be what the rid says."""
+    """The adapter splits each rid once (`rid.parts`); the decisions read `sid`,
+    `volatile` and `speculative` and split none, so all three must be what the rid says."""
     cases = {
-        "plain-1": ("", False),
-        turn_rid("a.b", 2): ("a.b", False),
-        volatile_rid("a.b", 3): ("a.b", True),
-        final_rid("a.b"): ("a.b", False),
-        final_rid("a.b", 2): ("a.b", False),
+        "plain-1": ("", False, False),
+        "plain::s2l-x": ("plain", False, True),  # not a final tail: a prefill turn's
+        turn_rid("a.b", 2): ("a.b", False, True),
+        volatile_rid("a.b", 3): ("a.b", True, True),
+        final_rid("a.b"): ("a.b", False, False),
+        final_rid("a.b", 2): ("a.b", False, False),
+        final_rid("a::s2l1.b", 12): ("a::s2l1.b", False, False),
     }
-    for rid, (sid, volatile) in cases.items():
+    for rid, (sid, volatile, speculative) in cases.items():
         w = waiting(rid)
-        assert (w.sid, w.volatile) == (sid, volatile), rid
+        assert (w.sid, w.volatile, w.speculative) == (sid, volatile, speculative), rid
         assert w.sid == (stream_of(rid) or "") and w.volatile == is_volatile(rid), rid
+        assert w.speculative == is_speculative(rid), rid
 
 
 def test_views_count_a_plain_requests_prefix_hit_and_keep_its_queue_entry_time():
