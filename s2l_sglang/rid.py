@@ -50,7 +50,7 @@ def _final_tail(tail: str) -> bool:
 
 def is_speculative(rid: str | None) -> bool:
     """True for a prefill turn of a stream (its context not final yet): speculative work."""
-    return bool(rid) and MARK in rid and not is_final(rid)
+    return bool(rid) and parts(rid)[2]
 
 
 def parts(rid: str) -> tuple[str, bool, bool]:
