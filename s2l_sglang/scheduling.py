@@ -33,6 +33,7 @@ from s2l_sglang.sched.decide import (
     decide,
     decide_order,
     hold,
+    in_force,
     is_speculative_work,
     lifted,
     may_cancel,
@@ -113,6 +114,10 @@ class SchedCounters:
     #: that turn was cancelled and the final turn carries what it keeps of its tokens
     #: (`merge_into_final`), rather than waiting for it to be admitted and prefilled
     finals_merged: int = 0
+    #: queue orders made while the policy in force was the one the policy names for a KV
+    #: pool that holds all the waiting work (`Policy.roomy`, `sched.decide.in_force`: mcps
+    #: orders as lcas then); 0 under a policy that names none
+    orders_roomy: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -283,6 +288,8 @@ class StreamScheduling:
         order = decide_order(snap, self.streams, self.policy, keep, views_)
         if order is not None:
             adapter.reorder(scheduler, order)
+            if self.policy.roomy is not None and in_force(self.policy, snap) is not self.policy:
+                self.counters.orders_roomy += 1
         if holding:
             held = hold(snap, self.streams, order, views_)
             if held:

@@ -21,9 +21,9 @@ One scheduling step, before SGLang builds a prefill batch:
    host pool free): speculative work never makes another stream recompute what it holds
    (unless the engine has stalled a while: nothing admitted, nothing running; `lifted`).
 The waiting queue's order is a separate decision (`decide_order`, at SGLang's
-`calc_priority`), and so are the speculative turns kept out of that step's admission so that
-speculative KV leaves `spec_reserve` free (`hold`), and the cancellation of a stale
-speculative turn (`may_cancel`).
+`calc_priority`, by the policy in force: `in_force`), and so are the speculative turns kept
+out of that step's admission so that speculative KV leaves `spec_reserve` free (`hold`), and
+the cancellation of a stale speculative turn (`may_cancel`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from operator import itemgetter, mul, not_
 from typing import Literal, NamedTuple
 
 from s2l_sglang.rid import is_final, is_speculative, is_volatile, parts, stream_of
-from s2l_sglang.sched.policy import Policy
+from s2l_sglang.sched.policy import Policy, get_policy
 from s2l_sglang.sched.preemption import Preemption
 from s2l_sglang.sched.snapshot import ReqView
 
@@ -343,6 +343,39 @@ def _tied(key: list, order: list[int]) -> int:
     return j
 
 
+def roomy(snap: Snapshot) -> bool:
+    """The KV pool holds all the waiting work at once: every waiting request's extend past its
+    prefix hit, output budget and locked prefix (`WaitingReq.prefix_free`), the mid-prefill
+    request's next chunk, the admission's extra and the speculative reserve fit the free KV
+    together, no stream's KV is on the host and the engine has not stalled. Then no order
+    of the queue makes anyone wait for KV, and `decide` preempts nothing whichever request
+    is the head. Exits at the first request past the free KV (a step under pressure, the
+    dear one at 500 streams, stops early)."""
+    if snap.host or snap.stalled or snap.stalled_s:
+        return False
+    room = snap.free_kv - snap.chunked_next - snap.admit_extra - snap.spec_reserve
+    for w in snap.waiting:
+        room -= w[1] - w[2] + w[3] + w[6]  # prompt_len - prefix_hit + max_new + prefix_free
+        if room < 0:
+            return False
+    return room >= 0
+
+
+_IN_FORCE: dict[str, Policy] = {}
+
+
+def in_force(policy: Policy, snap: Snapshot) -> Policy:
+    """The policy that orders this step: `policy`, or the one it names as `Policy.roomy`
+    while the KV pool holds all the waiting work (`roomy`)."""
+    name = policy.roomy
+    if name is None or not roomy(snap):
+        return policy
+    other = _IN_FORCE.get(name)
+    if other is None:
+        other = _IN_FORCE[name] = get_policy(name)
+    return other
+
+
 def ranks(policy: Policy) -> tuple[str, str] | None:
     """How `policy` ranks committed and speculative work (`Policy.rank`, `Policy.spec_rank`),
     or None if only its `order` knows."""
@@ -398,7 +431,7 @@ def decide_order(
     if not needs_order([w.rid for w in snap.waiting], keep_sglang_order):
         return None
     views_ = list(views_) if views_ is not None else waiting_views(snap, streams)
-    return tuple(_committed_first(policy.order(views_)))
+    return tuple(_committed_first(in_force(policy, snap).order(views_)))
 
 
 def _head(policy: Policy, waiting: list[ReqView]) -> ReqView:
@@ -419,6 +452,8 @@ def decide(
     assumed to take its copy's size from the allocator's free tokens (the tree may still hold
     part of it); the copy becomes prefix cache that the stream's waiting turn will match.
 
+    The policy is the one in force this step (`in_force`: `Policy.roomy`'s while the KV pool
+    holds all the waiting work; then the head fits whichever it is, and nothing is preempted).
     The plan is that of one admission, the policy's next (`_head`), with a token budget of
     what SGLang's admission asks for it: its extend and output budget, `admit_extra`, and the
     evictable part of its matched prefix (`prefix_free`: its admission locks it, so that KV
@@ -456,6 +491,7 @@ def decide(
     if not snap.waiting:
         return Actions(drop_copies=drop) if drop else NOTHING
     copies = {c.sid: c for c in snap.host if c.sid not in drop}
+    policy = in_force(policy, snap)
     by = ranks(policy)
     hi = _head_index(snap, streams, by) if by else None
     if hi is None:

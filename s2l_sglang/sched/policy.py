@@ -45,6 +45,10 @@ class Policy:
     #: how `order` ranks speculative work (partial streams), if not as `rank` ranks committed
     #: work (one of the same names; not "given")
     spec_rank: ClassVar[str | None] = None
+    #: the registered policy this one orders as while the KV pool holds all the waiting work
+    #: at once (`sched.decide.roomy`), if another: a policy whose order is about spending
+    #: scarce KV then orders for time to first token alone. None: this one, always.
+    roomy: ClassVar[str | None] = None
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
         """All `views`, highest priority first, as a new list (the input is not modified)."""
@@ -168,7 +172,14 @@ class LcasPolicy(Policy):
 class McpsPolicy(Policy):
     """Most computed (held) tokens first among speculative work: the partial stream closest to
     done, and the most expensive to preempt, keeps going, so the KV pool is spent on finishing
-    a few streams' prefill rather than spread over many. Committed work (plain requests, final
+    a few streams' prefill rather than spread over many. That is a rule for scarce KV: while
+    the pool holds all the waiting work at once (`sched.decide.roomy`), mcps orders as `lcas`
+    (oldest unprefilled chunk first). Ranked by held tokens with KV to spare, the streams that
+    held most took every step's speculative budget and young ones finished with their whole
+    context left: on the crawler row at 0.4 QPS (no preemption in either replay) mcps was
+    0.91x of waiting at p50 in two replays (bench/results/crawler-r1-1ee4300,
+    crawler-r2-fcfs-mcps-382eb1a), lcas 1.02x in the first run and 1.27x in its own replay
+    at the second's commit (crawler-r2-lcas-382eb1a). Committed work (plain requests, final
     turns) goes first, as under every policy (the paper's MCPS has no such split; speculative
     work must not delay final contexts), and in the order its TTFT clock started (earliest
     last chunk first, as under `lcas`): ranked by held tokens, a final context that holds no
@@ -180,6 +191,7 @@ class McpsPolicy(Policy):
     idle_last = True
     rank = "last_chunk"
     spec_rank = "held"
+    roomy = "lcas"
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
         groups = _split(_by_arrival(views), by_complete=True)

@@ -39,10 +39,12 @@ from s2l_sglang.sched.decide import (
     decide,
     decide_order,
     hold,
+    in_force,
     may_cancel,
     promote,
     ranks,
     record_turn,
+    roomy,
     views,
     waiting_req,
     waiting_views,
@@ -182,6 +184,46 @@ def test_fcfs_orders_plain_requests_by_their_own_entry_time():
     s = snap(*(waiting(f"plain-{i}", entered=10.0 - i) for i in range(5)))
     order = decide_order(s, STREAMS, get_policy("fcfs"), False)
     assert order == tuple(f"plain-{i}" for i in reversed(range(5)))
+
+
+def test_roomy_only_while_all_the_waiting_work_fits_the_free_kv_at_once():
+    """Each waiting request counts its extend past its hit, its output budget and its locked
+    prefix; the mid-prefill chunk, the admission's extra and the reserve count too."""
+    reqs = (waiting("plain-1", 100, hit=40, max_new=16), waiting(turn_rid("a", 1), 200))
+    need = (100 - 40 + 16) + (200 + 16)  # 292
+    assert roomy(snap(*reqs, free_kv=need)) and not roomy(snap(*reqs, free_kv=need - 1))
+    extras = snap(*reqs, free_kv=need + 30, chunked=10)._replace(admit_extra=10, spec_reserve=10)
+    assert roomy(extras) and not roomy(extras._replace(spec_reserve=11))
+    locked = snap(reqs[0]._replace(prefix_free=30), reqs[1], free_kv=need + 29)
+    assert not roomy(locked) and roomy(locked._replace(free_kv=need + 30))
+    assert roomy(snap(free_kv=0))  # nothing waits
+    fits = snap(*reqs, free_kv=10_000)
+    assert not roomy(fits._replace(host=(HostCopy("b", 10, True),)))  # KV was swapped out
+    assert not roomy(fits._replace(stalled=1)) and not roomy(fits._replace(stalled_s=0.5))
+
+
+def test_mcps_orders_speculative_work_as_lcas_while_the_pool_holds_it_all():
+    """Stream b holds more KV, stream a has the older unprefilled chunk: with KV to spare
+    mcps sends a's turn first (as lcas does), under pressure b's (most computed first);
+    committed work goes first either way. fcfs and lcas never switch."""
+    s = snap(
+        waiting(turn_rid("a", 1), 150, hit=50, entered=0.2),
+        waiting(turn_rid("b", 1), 600, hit=500, entered=0.1),
+        waiting("plain-1", entered=9.0),
+        slots=(SlotView("a", 50, 50, True), SlotView("b", 500, 500, True)),
+        free_kv=10_000,
+    )
+    mcps, lcas = get_policy("mcps"), get_policy("lcas")
+    tight = s._replace(free_kv=300)  # 116 short
+    assert roomy(s) and not roomy(tight)
+    assert in_force(mcps, s).name == "lcas" and in_force(mcps, tight) is mcps
+    for name in ("fcfs", "lcas", "default"):
+        assert in_force(get_policy(name), s).name == name
+    spare = ("plain-1", turn_rid("a", 1), turn_rid("b", 1))
+    assert decide_order(s, STREAMS, mcps, False) == spare == decide_order(s, STREAMS, lcas, False)
+    assert decide_order(tight, STREAMS, mcps, False) == ("plain-1", turn_rid("b", 1),
+                                                         turn_rid("a", 1))  # fmt: skip
+    assert decide_order(tight, STREAMS, lcas, False) == spare
 
 
 def test_nothing_waits_only_stale_host_copies_go():
