@@ -114,7 +114,10 @@ class SchedCounters:
     #: that turn was cancelled and the final turn carries what it keeps of its tokens
     #: (`merge_into_final`), rather than waiting for it to be admitted and prefilled
     finals_merged: int = 0
-    #: queue orders made while the policy in force was the one the policy names for a KV
+    #: orders of SGLang's waiting queue made (`sched.decide.decide_order`: two or more
+    #: requests waiting; under `default`, a speculative turn among them)
+    queue_orders: int = 0
+    #: of those: made while the policy in force was the one the policy names for a KV
     #: pool that holds all the waiting work (`Policy.roomy`, `sched.decide.in_force`: mcps
     #: orders as lcas then); 0 under a policy that names none
     orders_roomy: int = 0
@@ -288,6 +291,7 @@ class StreamScheduling:
         order = decide_order(snap, self.streams, self.policy, keep, views_)
         if order is not None:
             adapter.reorder(scheduler, order)
+            self.counters.queue_orders += 1
             if self.policy.roomy is not None and in_force(self.policy, snap) is not self.policy:
                 self.counters.orders_roomy += 1
         if holding:

@@ -90,6 +90,22 @@ def test_fcfs_complete_before_partial_then_arrival() -> None:
     assert rids("fcfs", vs) == ["c_early", "plain", "c_late", "p_early", "p_late"]
 
 
+def test_fcfs_serves_final_contexts_by_when_they_became_final_not_by_stream_age() -> None:
+    """A final context is not overtaken by an older stream whose context became final after
+    it (the order waiting for the full context serves them in); plain requests keep their own
+    arrival; speculative work still goes by stream arrival."""
+    vs = [
+        view("old_stream_final_late", arrival=0.0, last_chunk=12.0),
+        view("young_stream_final_first", arrival=5.0, last_chunk=10.0),
+        view("plain", stream=False, arrival=11.0),
+        view("spec_young", complete=False, arrival=3.0, last_chunk=4.0),
+        view("spec_old", complete=False, arrival=1.0, last_chunk=9.0),
+    ]
+    assert rids("fcfs", vs) == [
+        "young_stream_final_first", "plain", "old_stream_final_late", "spec_old", "spec_young",
+    ]  # fmt: skip
+
+
 def test_work_before_idle_and_idle_ranks_last() -> None:
     vs = [
         view("idle_old", complete=False, pending=0, held=50, arrival=0.0),
@@ -104,14 +120,16 @@ def test_work_before_idle_and_idle_ranks_last() -> None:
 
 def test_lcas_earliest_last_chunk_first_complete_before_partial() -> None:
     vs = [
-        # x started first but its context changed last: LCAS ranks it after y (FCFS would not)
+        # x started first but its context changed last: LCAS ranks it after y; so does FCFS,
+        # whose committed work goes by when its context became final (its speculative work
+        # goes by stream arrival)
         view("x", arrival=0.0, last_chunk=5.0),
         view("y", arrival=1.0, last_chunk=2.0),
         view("p_old", complete=False, arrival=0.5, last_chunk=0.6),
         view("p_new", complete=False, arrival=0.1, last_chunk=4.0),
     ]
     assert rids("lcas", vs) == ["y", "x", "p_old", "p_new"]
-    assert rids("fcfs", vs) == ["x", "y", "p_new", "p_old"]
+    assert rids("fcfs", vs) == ["y", "x", "p_new", "p_old"]  # (speculative: by arrival)
 
 
 def test_mcps_most_computed_first_among_speculative_work() -> None:
