@@ -135,9 +135,10 @@ class FcfsPolicy(Policy):
     serves them in. Ranked by stream arrival (the paper's FCFS), a final context waited
     behind each older stream whose context became final after it: the slowest final of two
     crawler replays at 0.4 QPS took 8.1 s and 9.7 s (waiting: 4.8 s and 2.4 s for the same
-    query), overtaken so by 2 and 4 streams, and such finals set the pooled replays' p99
-    (bench/results/crawler-r2-fcfs-mcps-382eb1a, crawler-r1-1ee4300). Keys: committed (no
-    work, last_chunk, arrival, rid), speculative (no work, arrival, rid)."""
+    query), overtaken so by 2 and 4 streams (bench/results/crawler-r2-fcfs-mcps-382eb1a,
+    crawler-r1-1ee4300; a p99 pooled over three replays is about the fourth-slowest final,
+    so two such finals move it). Keys: committed (no work, last_chunk, arrival, rid),
+    speculative (no work, arrival, rid)."""
 
     idle_last = True
     rank = "last_chunk"
