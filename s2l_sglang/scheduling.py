@@ -288,12 +288,15 @@ class StreamScheduling:
             return
         snap = self._snapshot(scheduler)
         views_ = waiting_views(snap, self.streams)  # shared by the order, hold and cap_step
-        order = decide_order(snap, self.streams, self.policy, keep, views_)
+        # the policy in force, once for the order and the counter (`decide_order`'s own
+        # `in_force` is then free with room; under pressure it stops at the first request
+        # past the free KV)
+        policy = in_force(self.policy, snap)
+        order = decide_order(snap, self.streams, policy, keep, views_)
         if order is not None:
             adapter.reorder(scheduler, order)
             self.counters.queue_orders += 1
-            if self.policy.roomy is not None and in_force(self.policy, snap) is not self.policy:
-                self.counters.orders_roomy += 1
+            self.counters.orders_roomy += policy is not self.policy
         if holding:
             held = hold(snap, self.streams, order, views_)
             if held:

@@ -361,19 +361,14 @@ def roomy(snap: Snapshot) -> bool:
     return room >= 0
 
 
-_IN_FORCE: dict[str, Policy] = {}
-
-
 def in_force(policy: Policy, snap: Snapshot) -> Policy:
     """The policy that orders this step: `policy`, or the one it names as `Policy.roomy`
-    while the KV pool holds all the waiting work (`roomy`)."""
+    while the KV pool holds all the waiting work (`roomy`). Idempotent: the policy in force
+    names none, or is `policy` itself because the pool lacks room."""
     name = policy.roomy
     if name is None or not roomy(snap):
         return policy
-    other = _IN_FORCE.get(name)
-    if other is None:
-        other = _IN_FORCE[name] = get_policy(name)
-    return other
+    return get_policy(name)
 
 
 def ranks(policy: Policy) -> tuple[str, str] | None:

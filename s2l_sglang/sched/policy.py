@@ -102,6 +102,15 @@ def _by_arrival(views: Sequence[ReqView]) -> list[ReqView]:
     return out
 
 
+def _committed_by_last_chunk(groups: list[list[ReqView]]) -> list[list[ReqView]]:
+    """`_split(..., by_complete=True)`'s groups with committed work (complete work, complete
+    idle) sorted by when its TTFT clock started (`last_chunk`), stably: ties keep the order
+    given."""
+    for g in groups[0::2]:
+        g.sort(key=_LAST_CHUNK)
+    return groups
+
+
 def _concat(groups: list[list[ReqView]]) -> list[ReqView]:
     out = groups[0]
     for g in groups[1:]:
@@ -145,10 +154,7 @@ class FcfsPolicy(Policy):
     spec_rank = "arrival"
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
-        groups = _split(_by_arrival(views), by_complete=True)
-        for g in groups[0::2]:  # committed: complete work, complete idle
-            g.sort(key=_LAST_CHUNK)
-        return _concat(groups)
+        return _concat(_committed_by_last_chunk(_split(_by_arrival(views), by_complete=True)))
 
 
 @register("lcas")
@@ -207,9 +213,7 @@ class McpsPolicy(Policy):
     roomy = "lcas"
 
     def order(self, views: Sequence[ReqView]) -> list[ReqView]:
-        groups = _split(_by_arrival(views), by_complete=True)
-        for g in groups[0::2]:  # committed: complete work, complete idle
-            g.sort(key=_LAST_CHUNK)
+        groups = _committed_by_last_chunk(_split(_by_arrival(views), by_complete=True))
         for g in groups[1::2]:  # speculative: partial work, partial idle
             g.sort(key=_HELD, reverse=True)  # reverse keeps stability
         return _concat(groups)
