@@ -10,7 +10,13 @@ final context, where the rule is that committed work never waits for speculative
 than one chunk; the queries of two or more chunks show what streaming gains.
 Prints, per run, workload, rate and mode, the TTFT speedup over `wait` at p50 and p95 (with
 the harness's paired bootstrap interval, `bench.harness.stats.speedup_ci`) for the queries of
-one chunk, of two or more, and of all.
+one chunk, of two or more, and of all; and how much of their prompts was prefilled before the
+final request (`prompt_tokens - unprefilled_at_finish`, mean tokens per query) with the number
+of queries that had none prefilled then. For a stream that is the speculative work its final
+context found done when it became final; for the other modes it is the final request's
+prefix-cache hit, which for SGLang's `sessions` is taken when the last turn is sent, after
+every earlier turn returned (`bench.harness.modes`), so all earlier chunks count by
+construction.
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ def table(result: dict, seed: int = 0) -> list[str]:
     for run in result["runs"]:
         groups.setdefault((run["workload"], run["rate"], run["mode"]), []).append(run)
     lines = [
-        "| workload | QPS | mode | queries | n | speedup p50 [95% CI] | p95 |",
-        "|---|---:|---|---|---:|---:|---:|",
+        "| workload | QPS | mode | queries | n | speedup p50 [95% CI] | p95 "
+        "| prefilled ahead, mean tok | none ahead |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|",
     ]
     for (workload, rate, mode), runs in sorted(groups.items()):
         base_runs = groups.get((workload, rate, BASELINE))
@@ -49,12 +56,30 @@ def table(result: dict, seed: int = 0) -> list[str]:
             if not ours:
                 continue
             cis = [speedup_ci(base, ours, k, seed) for k in KEYS]
+            mean_ahead, none = ahead(runs, accept)
             lines.append(
                 f"| {workload} | {rate:g} | `{mode}` | {group} | {len(ours)} | "
                 + " | ".join(map(fmt_speedup, cis))
-                + " |"
+                + f" | {mean_ahead} | {none} |"
             )
     return lines
+
+
+def ahead(runs: list[dict], accept: Callable[[int], bool]) -> tuple[str, str]:
+    """Over every query record of `runs` whose chunk count `accept`s: the mean number of prompt
+    tokens prefilled before its final request, and how many records had none ("-" where no
+    record says what was left)."""
+    done = [
+        q["prompt_tokens"] - q["unprefilled_at_finish"]
+        for run in runs
+        for q in run["queries"]
+        if accept(q.get("chunks", 0))
+        and q.get("prompt_tokens") is not None
+        and q.get("unprefilled_at_finish") is not None
+    ]
+    if not done:
+        return "-", "-"
+    return f"{sum(done) / len(done):,.0f}", f"{sum(1 for d in done if d <= 0)} of {len(done)}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,11 +33,11 @@ def _rows(lines: list[str]) -> dict[str, list[str]]:
 def test_each_group_gets_its_own_speedup_over_waiting():
     rows = _rows(by_chunks.table(_result()))
     assert set(rows) == {"1 chunk", "2+ chunks", "all"}
-    n, p50, p95 = rows["1 chunk"]
+    n, p50, p95, *_ = rows["1 chunk"]
     assert n == "20" and p50.startswith("0.80x")  # 4 s / 5 s: slower than waiting
-    n, p50, _ = rows["2+ chunks"]
+    n, p50, *_ = rows["2+ chunks"]
     assert n == "20" and p50.startswith("2.00x")
-    n, _, _ = rows["all"]
+    n, *_ = rows["all"]
     assert n == "40"
 
 
@@ -54,3 +54,22 @@ def test_main_prints_a_table_per_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"## {tmp_path / 'results.json'}" in out
     assert "| crawler | 0.4 | `stream-fcfs` | 1 chunk | 20 | 0.80x" in out
+
+
+def test_prefilled_ahead_is_the_mean_over_records_and_counts_those_with_none():
+    result = _result()
+    for run in result["runs"]:
+        for q in run["queries"]:
+            q["prompt_tokens"] = 1000
+            # waiting: nothing ahead; streams: b-queries had 600 ahead except b0 and b1
+            left = 1000 if run["mode"] == "wait" or q["query"] in ("b0", "b1") else 400
+            q["unprefilled_at_finish"] = left if q["query"][0] == "b" else 1000
+    result["runs"][1]["queries"][0].pop("unprefilled_at_finish")  # a0: not known
+    rows = _rows(by_chunks.table(result))
+    assert rows["2+ chunks"][3:] == ["540", "2 of 20"]  # 18 * 600 / 20
+    assert rows["1 chunk"][3:] == ["0", "19 of 19"]
+    assert rows["all"][3:] == ["277", "21 of 39"]  # 10,800 / 39
+    result["runs"][1]["queries"] = [q for q in result["runs"][1]["queries"] if q["query"][0] == "a"]
+    for q in result["runs"][1]["queries"]:
+        q.pop("unprefilled_at_finish", None)
+    assert _rows(by_chunks.table(result))["1 chunk"][3:] == ["-", "-"]
