@@ -66,14 +66,17 @@ def table(result: dict, seed: int = 0) -> list[str]:
 
 
 def ahead(runs: list[dict], accept: Callable[[int], bool]) -> tuple[str, str]:
-    """Over every query record of `runs` whose chunk count `accept`s: the mean number of prompt
-    tokens prefilled before its final request, and how many records had none ("-" where no
-    record says what was left)."""
+    """Over every answered query record of `runs` whose chunk count `accept`s (answered as
+    `QueryRecord.ok` says, the records the harness's "left at final chunk" column averages):
+    the mean number of prompt tokens prefilled before its final request, and how many records
+    had none ("-" where no record says what was left)."""
     done = [
         q["prompt_tokens"] - q["unprefilled_at_finish"]
         for run in runs
         for q in run["queries"]
         if accept(q.get("chunks", 0))
+        and q.get("error") is None
+        and q.get("first_token_at", 0) is not None
         and q.get("prompt_tokens") is not None
         and q.get("unprefilled_at_finish") is not None
     ]

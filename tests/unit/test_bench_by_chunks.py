@@ -65,6 +65,10 @@ def test_prefilled_ahead_is_the_mean_over_records_and_counts_those_with_none():
             left = 1000 if run["mode"] == "wait" or q["query"] in ("b0", "b1") else 400
             q["unprefilled_at_finish"] = left if q["query"][0] == "b" else 1000
     result["runs"][1]["queries"][0].pop("unprefilled_at_finish")  # a0: not known
+    result["runs"][1]["queries"].append(  # failed: not counted, as in the harness's summary
+        {"query": "c0", "chunks": 2, "ttft": None, "first_token_at": None, "error": "timeout",
+         "prompt_tokens": 1000, "unprefilled_at_finish": 1000}
+    )  # fmt: skip
     rows = _rows(by_chunks.table(result))
     assert rows["2+ chunks"][3:] == ["540", "2 of 20"]  # 18 * 600 / 20
     assert rows["1 chunk"][3:] == ["0", "19 of 19"]
