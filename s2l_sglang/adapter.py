@@ -19,7 +19,8 @@ are pure (`sched/decide.py`). What is read and written:
   `Scheduler.handle_generate_request` once the turn before has ended;
 - KV release (`tree_cache.release_session`), copy to host and back (`radix_ext.swap`), rollback
   of a session's committed lengths (`radix_ext.rollback`), aborting a waiting request
-  (`Scheduler.abort_request`);
+  (`Scheduler.abort_request`), and a closing stream's KV handed to the radix tree before
+  SGLang's close releases it (`SessionController.sessions`, `tree_cache`; `radix_ext.publish`);
 - the hooks' own targets: a turn's `session_params` (read and reset), the scheduler's request
   dispatcher, `get_internal_state`'s result.
 `check_contract()` runs every read against a live scheduler and names what is missing; its
@@ -389,6 +390,33 @@ def rollback(session: Any, scheduler: Any, keep: int) -> Any:
     return rollback_streaming_session(session, scheduler.tree_cache, keep)
 
 
+def publish_at_close(controller: Any, key: str) -> Any:
+    """Before SGLang's `SessionController._close(key)` releases a stream's session: hand the
+    KV its slot holds (the last finished turn's prompt and output) to the radix tree
+    (`radix_ext.publish`). Nothing for a session that is not one of our streams' (SGLang's
+    own streaming sessions keep SGLang's behaviour), or whose close is deferred (a turn in
+    flight or unfinished: the close runs again once it ends). Returns the
+    `radix_ext.PublishResult`, or None when it does not apply."""
+    from radix_ext import publish_session_kv
+
+    held = controller.sessions.get(key)
+    if held is None or not held.streaming or held._inflight:
+        return None
+    last = _last_finished(held)
+    if last is None or not last.finished() or stream_of(last.rid) is None:
+        return None
+    tokens = list(last.origin_input_ids[: held.committed_origin_len])
+    if held.committed_origin_len == len(last.origin_input_ids):  # not rolled back into it
+        tokens += last.output_ids[: last.sampling_params.max_new_tokens]
+    return publish_session_kv(
+        controller.tree_cache,
+        key,
+        tokens,
+        extra_key=getattr(last, "extra_key", None),
+        cache_salt=getattr(last, "cache_salt", None),
+    )
+
+
 def finish_turn_with_abort(new_req: Any, tokenizer: Any, failure: str | None) -> None:
     """Give SGLang's new request its tokenizer back, and abort it with `failure` if set."""
     new_req.tokenizer = tokenizer
@@ -495,6 +523,13 @@ def check_contract(scheduler: Any) -> list[str]:
         "session.slots": lambda: isinstance(scheduler.tree_cache.session.slots, dict),
         "session_controller.sessions": lambda: open_sessions(scheduler) is not None,
         "release_session": lambda: callable(scheduler.tree_cache.release_session),
+        "session_controller.tree_cache": lambda: (
+            scheduler.session_controller.tree_cache is scheduler.tree_cache
+        ),
+        "tree_cache.insert/lock/path_device_indices": lambda: all(
+            callable(getattr(scheduler.tree_cache, name))
+            for name in ("insert", "lock", "unlock", "path_device_indices")
+        ),
         "abort_request": lambda: callable(scheduler.abort_request),
         "page_size": lambda: int(scheduler.tree_cache.page_size) >= 1,
         "live_counts": lambda: live_counts(scheduler)["dp_rank"] >= 0,

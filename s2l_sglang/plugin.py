@@ -131,6 +131,27 @@ def _stream_turn_create_req(original: Callable, self, req, tokenizer, *args, **k
     return new_req
 
 
+_SESSION_CLOSE = "sglang.srt.session.session_controller.SessionController._close"
+
+
+def _publish_closing_stream(original: Callable, self, session_id, *args, **kwargs):
+    """AROUND `SessionController._close` (an immediate close, a deferred one once its turn has
+    ended, a timeout): a stream's KV goes to the radix tree as cache before SGLang releases
+    the session, as a finished plain request's does (`adapter.publish_at_close`)."""
+    from s2l_sglang import adapter
+
+    try:
+        result = adapter.publish_at_close(self, session_id)
+        if result is not None and result.published:
+            counters = stream_scheduling().counters
+            counters.streams_published += 1
+            counters.tokens_published += result.published
+            counters.tokens_published_adopted += result.adopted
+    except Exception:  # never take the scheduler down: the close frees the KV as before
+        _hook_failed(f"publishing the KV of closing session {session_id}")
+    return original(self, session_id, *args, **kwargs)
+
+
 _HTTP_LAUNCH = "sglang.srt.entrypoints.http_server.launch_server"
 _CALC_PRIORITY = "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority"
 _NEW_PREFILL = "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill"
@@ -279,6 +300,7 @@ def _stream_hooks() -> list[tuple[str, Callable, str]]:
     return [
         (_SCHEDULER_DISPATCHER, _remember_scheduler, "AFTER"),
         (_SESSION_CREATE_REQ, _stream_turn_create_req, "AROUND"),
+        (_SESSION_CLOSE, _publish_closing_stream, "AROUND"),
         (_HTTP_LAUNCH, _install_stream_routes, "BEFORE"),
         (_CALC_PRIORITY, _order_by_stream_policy, "AROUND"),
         (_NEW_PREFILL, _around_new_prefill, "AROUND"),

@@ -63,6 +63,12 @@ class SchedCounters:
     #: host copies never swapped back in (the stream recomputed, or closed): each is counted
     #: as a recompute preemption, not a swap one
     swap_copies_unused: int = 0
+    #: closed streams whose KV was handed to the radix tree rather than freed
+    #: (`radix_ext.publish`): a later request with the same context hits the cache
+    streams_published: int = 0
+    tokens_published: int = 0  # their tokens now in the tree past what they had published
+    #: of those, tokens whose KV the tree adopted from the stream (the rest it already held)
+    tokens_published_adopted: int = 0
     #: scheduler-side hook calls that failed and fell back to SGLang's own behaviour
     hook_errors: int = 0
     plan_calls: int = 0

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
+
+
+def fresh_salt() -> str:
+    """A new `cache_salt` (SGLang's prefix-cache namespace): a reference request with it reuses
+    no KV, so a stream's KV (published to the radix tree when the stream closes) cannot make a
+    plain reference agree with it."""
+    return uuid.uuid4().hex
+
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",

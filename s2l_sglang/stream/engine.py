@@ -115,10 +115,17 @@ class StreamEngine:
         prompt: str | None = None,
         sampling_params: dict | None = None,
         input_ids: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> dict:
-        """A plain (non-streaming) SGLang request."""
+        """A plain (non-streaming) SGLang request. `cache_salt` (SGLang's own field) puts it in
+        its own prefix-cache namespace: it reuses no KV of requests or streams without it."""
         return self._call(
-            self._generate(text=prompt, input_ids=input_ids, sampling_params=sampling_params or {})
+            self._generate(
+                text=prompt,
+                input_ids=input_ids,
+                sampling_params=sampling_params or {},
+                cache_salt=cache_salt,
+            )
         )
 
     async def async_generate(
@@ -126,9 +133,15 @@ class StreamEngine:
         prompt: str | None = None,
         sampling_params: dict | None = None,
         input_ids: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> dict:
         return await self._acall(
-            self._generate(text=prompt, input_ids=input_ids, sampling_params=sampling_params or {})
+            self._generate(
+                text=prompt,
+                input_ids=input_ids,
+                sampling_params=sampling_params or {},
+                cache_salt=cache_salt,
+            )
         )
 
     # ---- streams: sync ----------------------------------------------------------------------

@@ -14,6 +14,8 @@ import openai
 import pytest
 import requests
 
+from tests.helpers import fresh_salt
+
 SYSTEM = {"role": "system", "content": "You answer from the given context in a few words."}
 CHUNKS = [
     "Context: The Rhine is a European river that begins in the Swiss canton of Graubunden ",
@@ -38,6 +40,11 @@ def token_of(server, sid: str) -> dict[str, str]:
 
 def stream_client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/stream/v1", api_key=server.api_key)
+
+
+def afresh() -> dict:
+    """A plain reference's extra body: its own cache namespace, so it reuses no stream KV."""
+    return {"cache_salt": fresh_salt()}
 
 
 def plain_client(server) -> openai.OpenAI:
@@ -82,7 +89,7 @@ def test_chat_stream_finished_with_openai_equals_plain_chat_completion(server):
         **ARGS,
     )
     ref = plain_client(server).chat.completions.create(
-        messages=final_messages("".join(CHUNKS)), **ARGS
+        messages=final_messages("".join(CHUNKS)), extra_body=afresh(), **ARGS
     )
     assert out.choices[0].message.content == ref.choices[0].message.content
     assert out.choices[0].message.content
@@ -118,7 +125,9 @@ def test_chat_stream_with_update_streamed_with_openai(server):
         for choice in chunk.choices:
             pieces.append(choice.delta.content or "")
             finish = choice.finish_reason or finish
-    ref = plain_client(server).chat.completions.create(messages=final_messages(refined), **ARGS)
+    ref = plain_client(server).chat.completions.create(
+        messages=final_messages(refined), extra_body=afresh(), **ARGS
+    )
     assert "".join(pieces) == ref.choices[0].message.content
     assert usage is not None and usage.prompt_tokens == ref.usage.prompt_tokens
     assert finish == ref.choices[0].finish_reason

@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from tests.conftest import API_KEY, serving
-from tests.helpers import StreamCalls
+from tests.helpers import StreamCalls, fresh_salt
 
 pytestmark = pytest.mark.engine
 
@@ -65,7 +65,7 @@ def one_stream(dp: StreamCalls, i: int) -> tuple[str, int, list[int], str]:
 
 
 def plain(dp: StreamCalls, text: str) -> list[int]:
-    body = {"text": text, "sampling_params": GREEDY}
+    body = {"text": text, "sampling_params": GREEDY, "cache_salt": fresh_salt()}
     resp = requests.post(f"{dp.url}/generate", json=body, headers=dp.headers, timeout=600)
     assert resp.status_code == 200, resp.text
     return resp.json()["output_ids"]

@@ -24,6 +24,7 @@ import aiohttp
 import pytest
 
 from frontend import StreamAPIError, StreamClient, StreamClosed
+from tests.helpers import fresh_salt
 
 STREAMS = 240
 CONCURRENCY = 12
@@ -63,7 +64,7 @@ def life(rng: random.Random) -> dict:
 
 async def _reference(session: aiohttp.ClientSession, server, text: str, cache: dict) -> list:
     if text not in cache:
-        body = {"text": text, "sampling_params": GREEDY}
+        body = {"text": text, "sampling_params": GREEDY, "cache_salt": fresh_salt()}
         async with session.post(f"{server.url}/generate", json=body) as resp:
             assert resp.status == 200, await resp.text()
             cache[text] = (await resp.json())["output_ids"]

@@ -8,6 +8,8 @@ import orjson
 import pytest
 import requests
 
+from tests.helpers import fresh_salt
+
 GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
 CONTEXT = (
     "The Rhine is a European river that begins in the Swiss canton of Graubunden and flows "
@@ -31,7 +33,7 @@ def sse_events(resp) -> list:
 
 
 def reference_ids(server, text: str) -> list[int]:
-    body = {"text": text, "sampling_params": GREEDY}
+    body = {"text": text, "sampling_params": GREEDY, "cache_salt": fresh_salt()}
     resp = post(server, "/generate", body)
     assert resp.status_code == 200, resp.text
     return resp.json()["output_ids"]
@@ -353,7 +355,8 @@ def test_token_id_chunks_over_http_equal_a_plain_request(server):
     body = {"stream_id": sid, "input_ids": ids[20:], "stream": False}
     final = post(server, "/stream/finish", body)
     assert final.status_code == 200, final.text
-    ref = post(server, "/generate", {"input_ids": ids, "sampling_params": GREEDY})
+    body = {"input_ids": ids, "sampling_params": GREEDY, "cache_salt": fresh_salt()}
+    ref = post(server, "/generate", body)
     assert final.json()["output_ids"] == ref.json()["output_ids"]
 
 

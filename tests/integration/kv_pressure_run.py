@@ -14,11 +14,20 @@ import os
 import sys
 import threading
 import time
+import uuid
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 QUESTION = "\nQuestion: What is this text about?\nAnswer:"
 POOL_TOKENS = 700  # the KV pool: fewer tokens than the streams below hold together
 STREAMS = 4
+
+
+def afresh(eng, prompt: str) -> list[int]:
+    """A plain reference's output, computed afresh (its own cache namespace: no KV of the
+    streams, published to the radix tree when they close, is reused)."""
+    return eng.generate(prompt=prompt, sampling_params=GREEDY, cache_salt=uuid.uuid4().hex)[
+        "output_ids"
+    ]
 
 
 def context(i: int) -> str:
@@ -81,7 +90,7 @@ def run(policy: str, preemption: str) -> dict:
         time.sleep(0.1)
     refs = {}
     for i in range(STREAMS):
-        refs[i] = eng.generate(prompt=context(i) + QUESTION, sampling_params=GREEDY)["output_ids"]
+        refs[i] = afresh(eng, context(i) + QUESTION)
     return {
         "pool": POOL_TOKENS,
         "sizes": sizes,
@@ -120,7 +129,7 @@ def run_locked_prefix(policy: str) -> dict:
     ref = None
     if "output_ids" in out:
         eng.abort("a")
-        ref = eng.generate(prompt=prompt, sampling_params=GREEDY)["output_ids"]
+        ref = afresh(eng, prompt)
     tok = eng.tokenizer
     return {
         "pool": POOL_TOKENS,
@@ -163,17 +172,14 @@ def run_reserve(policy: str) -> dict:
         t.start()
     for t in threads:
         t.join(timeout=600)
-    refs = {
-        i: eng.generate(prompt=context(i) + QUESTION, sampling_params=GREEDY)["output_ids"]
-        for i in range(STREAMS)
-    }
+    refs = {i: afresh(eng, context(i) + QUESTION) for i in range(STREAMS)}
     return {
         "pool": POOL_TOKENS,
         "speculative_chunk": eng.config.speculative_chunk,
         "sizes": sizes,
         "prompt": len(tok.encode(prompt)),
         "plain": plain,
-        "plain_ref": eng.generate(prompt=prompt, sampling_params=GREEDY)["output_ids"],
+        "plain_ref": afresh(eng, prompt),
         "after_plain": after_plain,
         "outputs": {i: r["output_ids"] for i, r in results.items()},
         "refs": refs,

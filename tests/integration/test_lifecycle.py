@@ -14,6 +14,7 @@ import pytest
 from s2l_sglang.stream import StreamClosed, StreamError
 from s2l_sglang.stream.errors import InvalidSamplingParams, InvalidStreamId, ReaderStalled
 from s2l_sglang.stream.manager import OUTPUT_QUEUE, State
+from tests.helpers import fresh_salt
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 CONTEXT = (
@@ -49,7 +50,9 @@ def test_final_turn_frees_the_stream_when_generation_ends_not_when_read(engine):
     first, rest = engine._call(run())
     assert rest, "the unread outputs are still delivered after the close"
     last = rest[-1]
-    ref = engine.generate(prompt=CONTEXT + QUESTION, sampling_params=GREEDY)
+    ref = engine.generate(
+        prompt=CONTEXT + QUESTION, sampling_params=GREEDY, cache_salt=fresh_salt()
+    )
     assert last["output_ids"] == ref["output_ids"]
     assert last["meta_info"]["stream"]["ttft_s"] > 0 and first["meta_info"]["id"] == sid
     with pytest.raises(StreamClosed, match="finished"):
@@ -125,7 +128,9 @@ def test_bad_sampling_params_are_refused_at_open_and_at_finish(engine, case, par
     # before any engine work: the stream is still open, and a good finish works
     assert engine._call(_state(engine, sid)) is State.OPEN
     out = engine.finish(sid, QUESTION)
-    ref = engine.generate(prompt=CONTEXT + QUESTION, sampling_params=GREEDY)
+    ref = engine.generate(
+        prompt=CONTEXT + QUESTION, sampling_params=GREEDY, cache_salt=fresh_salt()
+    )
     assert out["output_ids"] == ref["output_ids"]
 
 
@@ -160,6 +165,8 @@ def test_no_other_request_can_write_into_or_close_a_streams_session(engine):
     with pytest.raises(ValueError, match="does not exist"):
         engine._call(engine._generate(**intruder, session_params={"id": sid}))
     out = engine.finish(sid, QUESTION)
-    ref = engine.generate(prompt=CONTEXT + QUESTION, sampling_params=GREEDY)
+    ref = engine.generate(
+        prompt=CONTEXT + QUESTION, sampling_params=GREEDY, cache_salt=fresh_salt()
+    )
     assert out["output_ids"] == ref["output_ids"]
     assert out["meta_info"]["stream"]["reused"] > 0  # the stream's own KV served it

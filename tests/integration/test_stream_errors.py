@@ -14,6 +14,7 @@ from s2l_sglang.stream import (
     StreamError,
     UnknownStream,
 )
+from tests.helpers import fresh_salt
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
 TEXT = "A short context about the river Seine, which flows through Paris. "
@@ -64,7 +65,7 @@ def test_context_beyond_model_length_aborts_stream_and_others_go_on(engine):
     question = " Question: which river? Answer:"
     out = engine.finish("other-1", question)
     # the other stream is untouched: its output is a plain request's
-    ref = engine.generate(prompt=TEXT + question, sampling_params=GREEDY)
+    ref = engine.generate(prompt=TEXT + question, sampling_params=GREEDY, cache_salt=fresh_salt())
     assert out["output_ids"] == ref["output_ids"]
 
 

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from s2l_sglang.stream import StreamClosed
+from tests.helpers import fresh_salt
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 
@@ -21,8 +22,9 @@ QUESTION = "\nQuestion: Who designed the Eiffel Tower, and when was it built?\nA
 
 
 def reference(engine, text: str) -> dict:
-    """A plain request for `text`, tokenized by SGLang itself."""
-    return engine.generate(prompt=text, sampling_params=GREEDY)
+    """A plain request for `text`, tokenized by SGLang itself, computed afresh (its own cache
+    namespace: no KV of the streams before it is reused)."""
+    return engine.generate(prompt=text, sampling_params=GREEDY, cache_salt=fresh_salt())
 
 
 def wait_held(engine, sid: str, tokens: int, timeout: float = 60.0) -> dict:

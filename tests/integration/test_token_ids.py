@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 
 from s2l_sglang.stream import EmptyChunk, InvalidTokenIds, MixedInput
+from tests.helpers import fresh_salt
 from tests.integration.test_streams import CONTEXT, GREEDY, QUESTION, wait_held
 
 pytestmark = pytest.mark.engine
 
 
 def plain(engine, ids: list[int]) -> dict:
-    return engine.generate(input_ids=ids, sampling_params=GREEDY)
+    return engine.generate(input_ids=ids, sampling_params=GREEDY, cache_salt=fresh_salt())
 
 
 def test_append_stream_of_token_ids_equals_a_plain_request(engine):
