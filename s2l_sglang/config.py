@@ -79,6 +79,10 @@ class StreamConfig:
     #: it until that turn has ended and hands it to the very next step (False: the manager
     #: waits for that turn's result, then sends the final turn)
     pipelined_finish: bool = True
+    #: a closing stream's KV (its last finished turn's prompt and output) goes to the radix
+    #: tree as cache, as a finished plain request's does (False: SGLang's own close, which
+    #: frees all but the first turn's published prompt)
+    publish_at_close: bool = True
 
     def __post_init__(self) -> None:
         from s2l_sglang.sched.policy import policy_names
@@ -220,6 +224,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.pipelined_finish,
         help="at a finish, wait for the stream's prefill turn in flight before sending the "
         "final turn (default: send it at once; the scheduler holds it until that turn ends)",
+    )
+    group.add_argument(
+        "--no-stream-publish-at-close",
+        dest="publish_at_close",
+        action="store_false",
+        default=d.publish_at_close,
+        help="free a closing stream's KV as SGLang's streaming sessions do, instead of "
+        "keeping it in the prefix cache for later requests with the same context "
+        "(default: kept, as a finished plain request's)",
     )
     group.add_argument(
         "--stream-hold-back-settle",

@@ -141,6 +141,8 @@ def _publish_closing_stream(original: Callable, self, session_id, *args, **kwarg
     from s2l_sglang import adapter
 
     try:
+        if not stream_scheduling().config.publish_at_close:
+            return original(self, session_id, *args, **kwargs)
         result = adapter.publish_at_close(self, session_id)
         if result is not None and result.published:
             counters = stream_scheduling().counters

@@ -264,7 +264,13 @@ def _stream_settings(engines: list[dict]) -> str:
     config = next((e["stream_config"] for e in engines if e.get("stream_config")), None)
     if config is None:
         return ""
-    keys = ("speculative_chunk", "speculative_reserve", "hold_back", "pipelined_finish")
+    keys = (
+        "speculative_chunk",
+        "speculative_reserve",
+        "hold_back",
+        "pipelined_finish",
+        "publish_at_close",
+    )
     return "; stream settings " + ", ".join(f"{k} {config.get(k)}" for k in keys if k in config)
 
 

@@ -31,6 +31,7 @@ class StreamEngine:
         hold_back: bool = True,
         hold_back_settle: float = 1.0,
         pipelined_finish: bool = True,
+        publish_at_close: bool = True,
         **engine_kwargs: Any,
     ):
         """`stream_policy`: the scheduler's stream policy (`default`, `fcfs`, `lcas`, `mcps`;
@@ -47,7 +48,9 @@ class StreamEngine:
         `hold_back_settle`: once the stream has been quiet for a while (at most that many
         seconds; see `StreamConfig`). `pipelined_finish`: a finish sends the final turn at
         once, and the scheduler holds it until the turn in flight ends (False: the manager
-        waits for that turn first). A bad value is a ValueError here, before anything
+        waits for that turn first). `publish_at_close`: a closed stream's KV stays in the
+        prefix cache, as a finished plain request's (False: freed, as SGLang's streaming
+        sessions do). A bad value is a ValueError here, before anything
         starts. Other arguments go to
         `sgl.Engine` (the embedded model and CPU defaults unless overridden)."""
         import sglang as sgl
@@ -65,6 +68,7 @@ class StreamEngine:
             hold_back=hold_back,
             hold_back_settle=hold_back_settle,
             pipelined_finish=pipelined_finish,
+            publish_at_close=publish_at_close,
         )
         kwargs = default_kwargs(**engine_kwargs)
         kwargs.setdefault("log_level", "error")  # as sgl.Engine does for keyword arguments

@@ -38,8 +38,9 @@ def test_defaults_are_valid_and_round_trip_through_a_dict():
 def test_serve_argv_is_split_into_ours_and_sglangs():
     argv = ["--port", "30001", "--stream-policy", "mcps", "--stream-idle-timeout=0"]
     argv += ["--stream-interval", "4", "--max-stream-body-bytes", "1024", "--dtype", "bfloat16"]
-    argv += ["--stream-speculative-reserve", "2048"]
+    argv += ["--stream-speculative-reserve", "2048", "--no-stream-publish-at-close"]
     config, rest = split_argv(argv)
+    assert not config.publish_at_close and StreamConfig().publish_at_close
     assert config.stream_policy == "mcps"
     assert config.speculative_reserve == 2048
     assert StreamConfig().speculative_reserve is None  # automatic by default

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 
+import pytest
 import torch
 
 from s2l_sglang import plugin
@@ -109,3 +110,34 @@ def test_server_argv_adds_cpu_defaults_but_user_flags_win():
     assert "--attention-backend" in argv and "torch_native" in argv
     assert argv.count("--model-path") == 1
     assert "--port=31000" in argv
+
+
+def test_the_close_hook_publishes_only_when_configured_and_never_blocks_the_close(monkeypatch):
+    """`SessionController._close`'s hook: off by config, the adapter is not reached; when the
+    adapter fails, the failure is counted and SGLang's close still runs. (`controller` is a
+    stand-in: the hook only passes it on; tests/integration/test_publish.py runs the real one.)"""
+    from s2l_sglang import adapter
+    from s2l_sglang.config import StreamConfig
+    from s2l_sglang.scheduling import StreamScheduling
+
+    controller, closed = object(), []
+
+    def close(self, sid):
+        closed.append((self, sid))
+
+    monkeypatch.setattr(
+        plugin, "_stream_sched", StreamScheduling(StreamConfig(publish_at_close=False))
+    )
+    monkeypatch.setattr(adapter, "publish_at_close", lambda *a: pytest.fail("published"))
+    plugin._publish_closing_stream(close, controller, "s1")
+
+    sched = StreamScheduling(StreamConfig())
+    monkeypatch.setattr(plugin, "_stream_sched", sched)
+
+    def broken(*args):
+        raise RuntimeError("no tree")
+
+    monkeypatch.setattr(adapter, "publish_at_close", broken)
+    plugin._publish_closing_stream(close, controller, "s2")
+    assert closed == [(controller, "s1"), (controller, "s2")]
+    assert sched.counters.hook_errors == 1 and sched.counters.streams_published == 0
