@@ -241,16 +241,18 @@ def committed_tokens(scheduler: Any, sid: str) -> list[int]:
     return list(last.origin_input_ids[: held.committed_origin_len])
 
 
-def _appended_to(session: Any) -> int:
-    """The tokens a streaming session's next turn is appended to: its last finished turn's
-    committed prompt and output (SGLang's `Session._share_token_arrays` builds the turn's
-    request so); 0 before a turn has finished."""
+def _held_ids(session: Any) -> list[int]:
+    """The token ids a streaming session's next turn is appended to, whose KV its slot holds
+    (up to the slot's committed length): its last finished turn's committed prompt and output
+    (SGLang's `Session._share_token_arrays` builds the turn's request so); [] before a turn
+    has finished."""
     last = _last_finished(session)
     if last is None:
-        return 0
-    return session.committed_origin_len + len(
-        last.output_ids[: last.sampling_params.max_new_tokens]
-    )
+        return []
+    return [
+        *last.origin_input_ids[: session.committed_origin_len],
+        *last.output_ids[: last.sampling_params.max_new_tokens],
+    ]
 
 
 class Admitted(NamedTuple):
@@ -405,13 +407,10 @@ def publish_at_close(controller: Any, key: str) -> Any:
     last = _last_finished(held)
     if last is None or not last.finished() or stream_of(last.rid) is None:
         return None
-    tokens = list(last.origin_input_ids[: held.committed_origin_len])
-    if held.committed_origin_len == len(last.origin_input_ids):  # not rolled back into it
-        tokens += last.output_ids[: last.sampling_params.max_new_tokens]
     return publish_session_kv(
         controller.tree_cache,
         key,
-        tokens,
+        _held_ids(held),  # cut to the slot's committed length there
         extra_key=getattr(last, "extra_key", None),
         cache_salt=getattr(last, "cache_salt", None),
     )
@@ -471,7 +470,7 @@ def merge_queued_turn(scheduler: Any, recv_req: Any, rid: str, message: str) -> 
     slot = scheduler.tree_cache.session.slots.get(sid)
     if slot is not None and req.kv is slot.kv:
         return False
-    base = _appended_to(session(scheduler, sid))
+    base = len(_held_ids(session(scheduler, sid)))
     target = req.origin_input_ids[:]  # a copy: SGLang trims the shared array on abort
     params = recv_req.session_params
     keep = (params.offset or 0) if params.replace else len(target)
@@ -526,7 +525,7 @@ def check_contract(scheduler: Any) -> list[str]:
         "session_controller.tree_cache": lambda: (
             scheduler.session_controller.tree_cache is scheduler.tree_cache
         ),
-        "tree_cache.insert/lock/path_device_indices": lambda: all(
+        "tree_cache.insert/lock/unlock/path_device_indices": lambda: all(
             callable(getattr(scheduler.tree_cache, name))
             for name in ("insert", "lock", "unlock", "path_device_indices")
         ),

@@ -140,12 +140,13 @@ def _publish_closing_stream(original: Callable, self, session_id, *args, **kwarg
     the session, as a finished plain request's does (`adapter.publish_at_close`)."""
     from s2l_sglang import adapter
 
+    sched = stream_scheduling()
+    if not sched.config.publish_at_close:
+        return original(self, session_id, *args, **kwargs)
     try:
-        if not stream_scheduling().config.publish_at_close:
-            return original(self, session_id, *args, **kwargs)
         result = adapter.publish_at_close(self, session_id)
         if result is not None and result.published:
-            counters = stream_scheduling().counters
+            counters = sched.counters
             counters.streams_published += 1
             counters.tokens_published += result.published
             counters.tokens_published_adopted += result.adopted

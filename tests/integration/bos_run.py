@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-import uuid
 
-from tests.helpers import CORPUS
+from tests.helpers import CORPUS, fresh_salt
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 
@@ -38,7 +37,7 @@ def run(model_dir: str) -> dict:
                 getattr(eng, op)(sid, text)
         streamed = eng.finish(sid, question)
         # SGLang tokenizes the text; computed afresh (own cache namespace)
-        plain = eng.generate(prompt=final, sampling_params=GREEDY, cache_salt=uuid.uuid4().hex)
+        plain = eng.generate(prompt=final, sampling_params=GREEDY, cache_salt=fresh_salt())
         out["cases"][case] = {
             "stream_ids": streamed["output_ids"],
             "plain_ids": plain["output_ids"],

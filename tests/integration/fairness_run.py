@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import uuid
+
+from tests.helpers import fresh_salt
 
 GREEDY = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
 POLICIES = ("default", "fcfs", "lcas", "mcps")
@@ -30,7 +31,7 @@ SPECULATIVE_STREAMS = 6
 
 def afresh(eng, prompt: str) -> list[int]:
     """A plain reference's output, computed afresh (its own cache namespace)."""
-    return eng.generate(prompt, GREEDY, cache_salt=uuid.uuid4().hex)["output_ids"]
+    return eng.generate(prompt, GREEDY, cache_salt=fresh_salt())["output_ids"]
 
 
 def text(tag: str, words: int) -> str:

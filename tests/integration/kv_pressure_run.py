@@ -14,7 +14,8 @@ import os
 import sys
 import threading
 import time
-import uuid
+
+from tests.helpers import fresh_salt
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 QUESTION = "\nQuestion: What is this text about?\nAnswer:"
@@ -25,7 +26,7 @@ STREAMS = 4
 def afresh(eng, prompt: str) -> list[int]:
     """A plain reference's output, computed afresh (its own cache namespace: no KV of the
     streams, published to the radix tree when they close, is reused)."""
-    return eng.generate(prompt=prompt, sampling_params=GREEDY, cache_salt=uuid.uuid4().hex)[
+    return eng.generate(prompt=prompt, sampling_params=GREEDY, cache_salt=fresh_salt())[
         "output_ids"
     ]
 

@@ -131,6 +131,14 @@ def test_the_close_hook_publishes_only_when_configured_and_never_blocks_the_clos
     monkeypatch.setattr(adapter, "publish_at_close", lambda *a: pytest.fail("published"))
     plugin._publish_closing_stream(close, controller, "s1")
 
+    def failing_close(self, sid):  # SGLang's own error reaches its caller, after one call
+        closed.append((self, sid))
+        raise KeyError(sid)
+
+    with pytest.raises(KeyError):
+        plugin._publish_closing_stream(failing_close, controller, "gone")
+    assert closed.pop() == (controller, "gone") and (controller, "gone") not in closed
+
     sched = StreamScheduling(StreamConfig())
     monkeypatch.setattr(plugin, "_stream_sched", sched)
 
