@@ -85,7 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         "paper's QPS, mapped at equal utilization)",
     )  # fmt: skip
     over.add_argument("--policies", type=_names, help=f"stream policies, from {policy_names()}")
-    over.add_argument("--modes", type=_names, help=f"modes, from {list(ALL_MODES)}")
+    over.add_argument(
+        "--modes", type=_names, help=f"modes, from {list(ALL_MODES)} and stream-nopub (the "
+        "stream mode with publish_at_close switched off for its replays)",
+    )  # fmt: skip
     over.add_argument("--repeats", type=int, help="replays of each mode, interleaved")
     over.add_argument("--max-context-tokens", type=int, help="context token budget (0: none)")
     over.add_argument("--delay-scale", type=float, help="multiply chunk times (x10: pressure)")

@@ -8,8 +8,9 @@ SGLang pickles into every process it starts; `of_server_args(server_args)` reads
 A server started without our launcher (plain `sglang serve` with the plugin installed) gets the
 defaults. Nothing is passed through environment variables.
 
-At run time only the stream policy can change (`StreamEngine.set_stream_policy`,
-`POST /stream/policy`); see `s2l_sglang/plugin.py`.
+At run time two settings can change: the stream policy (`StreamEngine.set_stream_policy`,
+`POST /stream/policy`) and `publish_at_close` (`StreamEngine.set_publish_at_close`, for A/B
+runs on one engine); see `s2l_sglang/plugin.py`.
 
 Two environment variables are read (never written) for locations, like `XDG_CACHE_HOME`:
 `S2L_CACHE_DIR` (converted model, workload caches) and `S2L_PROFILE_DIR` (saved cost profiles).

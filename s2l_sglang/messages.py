@@ -2,6 +2,8 @@
 
 - `SetStreamPolicyReq`: switch the stream policy at run time (`StreamManager.set_policy`). There
   is no reply: the new policy shows in the scheduler's `s2l_sched` state.
+- `SetPublishAtCloseReq`: switch `publish_at_close` at run time
+  (`StreamManager.set_publish_at_close`); it shows in `s2l_sched` as the policy does.
 - `CancelStaleTurnReq`: abort a stream's prefill turn that a newer context made stale, if it
   still waits in the queue without its session's KV (`StreamManager._cancel_if_superseded`);
   the turn then ends with an abort whose message is `CANCELLED`. A turn already running, or
@@ -22,11 +24,15 @@ from sglang.srt.managers.io_struct import BaseReq
 
 from s2l_sglang.rid import CANCELLED
 
-__all__ = ["CANCELLED", "CancelStaleTurnReq", "SetStreamPolicyReq"]
+__all__ = ["CANCELLED", "CancelStaleTurnReq", "SetPublishAtCloseReq", "SetStreamPolicyReq"]
 
 
 class SetStreamPolicyReq(BaseReq, kw_only=True):
     policy: str
+
+
+class SetPublishAtCloseReq(BaseReq, kw_only=True):
+    on: bool
 
 
 class CancelStaleTurnReq(BaseReq, kw_only=True):

@@ -64,20 +64,31 @@ def _set_policy(recv_req) -> None:
         logger.exception("stream policy not changed")
 
 
+def _set_publish(recv_req) -> None:
+    """Scheduler handler of `SetPublishAtCloseReq`."""
+    stream_scheduling().set_publish_at_close(bool(recv_req.on))
+    logger.info("publish_at_close set to %s", bool(recv_req.on))
+
+
 def _remember_scheduler(result, self, *args, **kwargs):
     """AFTER `Scheduler.init_request_dispatcher`: keep a handle on the scheduler, build its
-    `StreamScheduling` from the config on its `ServerArgs`, and handle `SetStreamPolicyReq`."""
+    `StreamScheduling` from the config on its `ServerArgs`, and handle our messages."""
     global _scheduler, _stream_sched
     from s2l_sglang import adapter
     from s2l_sglang.config import of_server_args
-    from s2l_sglang.messages import CancelStaleTurnReq, SetStreamPolicyReq
+    from s2l_sglang.messages import CancelStaleTurnReq, SetPublishAtCloseReq, SetStreamPolicyReq
     from s2l_sglang.scheduling import StreamScheduling
 
     _scheduler = self
     config = of_server_args(adapter.server_args(self))  # fails start-up if bad
     _stream_sched = StreamScheduling(config)
     adapter.add_handlers(
-        self, [(SetStreamPolicyReq, _set_policy), (CancelStaleTurnReq, _cancel_stale_turn)]
+        self,
+        [
+            (SetStreamPolicyReq, _set_policy),
+            (SetPublishAtCloseReq, _set_publish),
+            (CancelStaleTurnReq, _cancel_stale_turn),
+        ],
     )
     return result
 
@@ -465,9 +476,10 @@ def register() -> None:
     from sglang.srt.managers.io_struct import hook_custom_types
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from s2l_sglang.messages import CancelStaleTurnReq, SetStreamPolicyReq
+    from s2l_sglang.messages import CancelStaleTurnReq, SetPublishAtCloseReq, SetStreamPolicyReq
 
     hook_custom_types(SetStreamPolicyReq)
+    hook_custom_types(SetPublishAtCloseReq)
     hook_custom_types(CancelStaleTurnReq)
     for target, fn, kind in hooks():
         HookRegistry.register(target, fn, HookType[kind])

@@ -17,7 +17,7 @@ touches SGLang only through `s2l_sglang/adapter.py`.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from radix_ext.swap import HostKVPool
@@ -208,6 +208,11 @@ class StreamScheduling:
         c.committed_admitted = 0
         self.waited.clear()
         self.spec_waited.clear()
+
+    def set_publish_at_close(self, on: bool) -> None:
+        """Publish closing streams' KV (`StreamConfig.publish_at_close`) from the next close
+        on; the rest of the configuration stays as it is."""
+        self.config = replace(self.config, publish_at_close=on)
 
     def configure(self, scheduler: Any) -> None:
         """Once per scheduler: the preemption mode, its cost model and the host KV pool."""
@@ -612,6 +617,7 @@ class StreamScheduling:
         state: dict[str, Any] = {
             **self.counters.as_dict(),
             "policy": self.policy_name,
+            "publish_at_close": self.config.publish_at_close,
             "preemption": self.preemption.name if self.preemption is not None else None,
             "profile": self.profile_path,
             "host_kv_used": self.host.used_tokens if self.host is not None else 0,

@@ -4,7 +4,8 @@ Both backends offer the same async calls, each made on the loop the replay runs 
 plain SGLang requests (`generate`, optionally a turn of an SGLang session), SGLang sessions,
 our streams, cache flushes and the scheduler's counters. Outputs are SGLang's output dicts.
 `switch_policy` (sync, from the caller's thread) changes the scheduler's stream policy at run
-time where the engine or server can (`can_switch_policy`).
+time where the engine or server can (`can_switch_policy`); `switch_publish` its
+`publish_at_close` (the in-process engine only: `can_switch_publish`).
 
 - `EngineBackend`: a `StreamEngine`; the replay runs on the engine's own event loop, where
   SGLang's tokenizer manager and our `StreamManager` live (no HTTP, no extra thread hops).
@@ -47,6 +48,8 @@ class Backend(Protocol):
     async def sched_counters(self) -> dict | None: ...
     def can_switch_policy(self) -> bool: ...
     def switch_policy(self, name: str) -> None: ...
+    def can_switch_publish(self) -> bool: ...
+    def switch_publish(self, on: bool) -> None: ...
 
 
 async def _retry_flush(flush_once: Callable[[], Awaitable[bool]], timeout: float) -> bool:
@@ -144,6 +147,13 @@ class EngineBackend:
     def switch_policy(self, name: str) -> None:
         """Set the scheduler's stream policy; returns once the scheduler reports it."""
         self.engine.set_stream_policy(name)
+
+    def can_switch_publish(self) -> bool:
+        return hasattr(self.engine, "set_publish_at_close")
+
+    def switch_publish(self, on: bool) -> None:
+        """Set the scheduler's `publish_at_close`; returns once the scheduler reports it."""
+        self.engine.set_publish_at_close(on)
 
 
 class HttpBackend:
@@ -321,3 +331,9 @@ class HttpBackend:
         status, answer = self.run(self._post("/stream/policy", {"policy": name}))
         if status != 200:
             raise RuntimeError(f"/stream/policy {name!r}: HTTP {status}: {answer}")
+
+    def can_switch_publish(self) -> bool:
+        return False  # no HTTP route: `s2l serve --no-stream-publish-at-close` sets it per server
+
+    def switch_publish(self, on: bool) -> None:
+        raise RuntimeError("a server's publish_at_close cannot be switched at run time")

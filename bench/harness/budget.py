@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bench.harness.modes import per_policy
 from bench.harness.presets import Preset, WorkloadSpec
 
 
@@ -94,7 +95,7 @@ def replay_modes(preset: Preset, w: WorkloadSpec, trace_mode: str) -> int:
     for mode in preset.workload_modes(w):
         if mode == "sessions" and trace_mode == "update":
             continue
-        count += len(preset.policies) if mode == "stream" else 1
+        count += len(preset.policies) if per_policy(mode) else 1
     return count
 
 

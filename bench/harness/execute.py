@@ -1,7 +1,7 @@
 """Run one engine's replays in their planned order (`schedule`), on one backend.
 
-Before each replay: the stream policy it needs (switched at run time where the engine can), the
-speed probe, then this replay's share of its workload's lower-bound samples (`bound_slots`),
+Before each replay: the stream policy it needs (switched at run time where the engine can), its
+mode's `publish_at_close` (when a mode of the run sets one, `stream-nopub`), the speed probe, then this replay's share of its workload's lower-bound samples (`bound_slots`),
 then a flush; after it, the scheduler's counters. Each replay becomes a run dict (its raw
 `records` until `aggregate.summarize_runs`).
 """
@@ -49,6 +49,9 @@ class RunContext:
     progress: Progress
     log: Callable[[str], None]
     switching: bool  # policies are switched on one engine
+    #: the engine's `publish_at_close` as started, when a mode of the run switches it (None:
+    #: never switched)
+    publish: bool | None = None
     on_run: Callable[[dict], None] | None = None
     # engine -> workload -> query id -> bound samples (seconds)
     samples: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=dict)
@@ -109,6 +112,9 @@ def execute_plan(backend: Backend, plan: EnginePlan, engine: int, ctx: RunContex
         if ctx.switching:  # also to the policy in force: it starts the maxima again
             backend.switch_policy(rp.policy)
             policy = rp.policy
+        publish = ctx.publish if rp.mode.publish_at_close is None else rp.mode.publish_at_close
+        if ctx.publish is not None:  # also back to the engine's own setting
+            backend.switch_publish(publish)
         ctx.progress.describe(f"{rp.workload} {rp.rate:.3g} QPS {rp.label} #{rp.repeat}")
         probe = backend.run(speed_probe(backend, preset.probe_size))
         slot = seen.get(rp.workload, 0)
@@ -139,6 +145,7 @@ def execute_plan(backend: Backend, plan: EnginePlan, engine: int, ctx: RunContex
             "rate": rp.rate,
             "mode": rp.label,
             "policy": policy,
+            "publish_at_close": publish,  # None: as the engine started (not switched)
             "repeat": rp.repeat,
             "engine": engine,
             "flushed_before": flushed,

@@ -11,6 +11,11 @@
               their context, so update-mode traces do not apply.
 - `stream`:   our streams (open, append/update per chunk, finish with the question), under the
               engine's stream policy: `stream-default`, `stream-fcfs`, ...
+- `stream-nopub`: the same with publication at close switched off for its replays
+              (`StreamEngine.set_publish_at_close(False)`: a closed stream's KV is freed, as
+              SGLang frees a streaming session's), `stream-nopub-fcfs`, ...: an A/B of
+              publication on one engine, interleaved with the other modes. Needs an engine that
+              switches at run time (in process).
 
 Sessions and streams are opened when the query arrives (before its retrieval returns anything),
 as a client that knows a query is coming would: opening is a round trip to the scheduler, which
@@ -49,6 +54,8 @@ class Mode:
     name: ClassVar[str] = ""
     trace_modes: ClassVar[tuple[str, ...]] = ("append", "update")
     uses_policy: ClassVar[bool] = False  # True: results depend on the engine's stream policy
+    #: the engine's `publish_at_close` for this mode's replays; None: as the engine started
+    publish_at_close: ClassVar[bool | None] = None
 
     def __init__(self, policy: str | None = None):
         self.policy = policy
@@ -88,6 +95,11 @@ def mode_names() -> list[str]:
 def get_mode(name: str, policy: str | None = None) -> Mode:
     """A mode by name (`stream` takes the engine's policy for its label)."""
     return _MODES.get(name)(policy)
+
+
+def per_policy(name: str) -> bool:
+    """Whether mode `name` runs once per stream policy (`stream`, `stream-nopub`)."""
+    return _MODES.get(name).uses_policy
 
 
 async def consume(outputs: AsyncIterator[dict], rec: QueryRecord, tl: Timeline) -> dict:
@@ -254,3 +266,8 @@ class Stream(Mode):
         rec.unprefilled_at_finish = stream.get("unprefilled_at_finish")
         rec.extra["engine_ttft_s"] = stream.get("ttft_s")
         rec.extra["waited_for_turn_s"] = stream.get("waited_for_turn_s")
+
+
+@register("stream-nopub")
+class StreamNoPublish(Stream):
+    publish_at_close = False

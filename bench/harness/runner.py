@@ -29,7 +29,7 @@ from bench.harness.paper import calibrate, paper_name_for, paper_rows_for
 from bench.harness.presets import Preset
 from bench.harness.queries import Decode, Encode, Query, load_queries, scaled
 from bench.harness.replay import speed_probe
-from bench.harness.schedule import NEUTRAL_POLICY, plan_per_policy, plan_single
+from bench.harness.schedule import NEUTRAL_POLICY, EnginePlan, plan_per_policy, plan_single
 
 BOUND_METHOD = (
     "per query, the minimum of {k} samples, each the TTFT of the full prompt sent right after "
@@ -188,6 +188,7 @@ def run_bench(
             plans = plans[:1]  # a server without /stream/policy: the policy it was started with
         bar = Progress(count_work(preset, plans, queries), progress)
         ctx = RunContext(preset, queries, params, bar, log, switching)
+        ctx.publish = _publish_as_started(backend, plans)
         if checkpoint is not None:
             ctx.on_run = partial(_write_checkpoint, checkpoint)
         for i, plan in enumerate(plans):
@@ -207,6 +208,23 @@ def run_bench(
             backend.close()
     return _result(preset, command, date, t_start, machine, engines, runs, ctx, switching,
                    url, calibration)  # fmt: skip
+
+
+def _publish_as_started(backend: Backend, plans: list[EnginePlan]) -> bool | None:
+    """The engine's `publish_at_close` as started, if a replay's mode switches it (None if
+    none does); a ValueError if the engine cannot switch it."""
+    modes = {r.mode.label for p in plans for r in p.replays if r.mode.publish_at_close is not None}
+    if not modes:
+        return None
+    if not backend.can_switch_publish():
+        raise ValueError(
+            f"modes {sorted(modes)} switch publish_at_close at run time: run them in process "
+            "(without --url)"
+        )
+    counters = backend.run(backend.sched_counters()) or {}
+    if "publish_at_close" not in counters:
+        raise ValueError("the engine does not report publish_at_close")
+    return bool(counters["publish_at_close"])
 
 
 def _result(preset, command, date, t_start, machine, engines, runs, ctx, switching, url, cal):

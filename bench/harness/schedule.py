@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from bench.harness.modes import Mode, get_mode
+from bench.harness.modes import Mode, get_mode, per_policy
 from bench.harness.presets import Preset
 
 NEUTRAL_POLICY = "default"  # SGLang's own order: the engine's policy for policy-free modes
@@ -59,7 +59,7 @@ def _modes(preset: Preset, names: Sequence[str], trace_modes: dict[str, str], wo
     """Mode instances for a workload: `stream` once per policy, modes that do not apply dropped."""
     out: list[Mode] = []
     for name in names:
-        policies = (preset.policies or (NEUTRAL_POLICY,)) if name == "stream" else (None,)
+        policies = (preset.policies or (NEUTRAL_POLICY,)) if per_policy(name) else (None,)
         for policy in policies:
             mode = get_mode(name, policy)
             if mode.applies_to(trace_modes.get(workload, "append")):
@@ -100,13 +100,14 @@ def plan_single(preset: Preset, trace_modes: dict[str, str]) -> list[EnginePlan]
 def plan_per_policy(preset: Preset, trace_modes: dict[str, str]) -> list[EnginePlan]:
     """The fallback: one engine start per stream policy (the policy is fixed per process)."""
     policies = list(preset.policies) or [NEUTRAL_POLICY]
-    has_stream = any("stream" in preset.workload_modes(w) for w in preset.workloads)
-    if not has_stream:
+    named = (m for w in preset.workloads for m in preset.workload_modes(w))
+    ours = list(dict.fromkeys(m for m in named if per_policy(m)))  # stream, stream-nopub
+    if not ours:
         policies = policies[:1]
     plans = []
     for i, policy in enumerate(policies):
         one = replace(preset, policies=(policy,))
-        names = None if i == 0 else ["stream"]
+        names = None if i == 0 else ours
         replays = [
             Replay(r.workload, r.rate, r.mode, r.repeat, engine=i)
             for r in replays_of(one, trace_modes, names)

@@ -238,6 +238,13 @@ class StreamEngine:
         returns once the scheduler reports it. A ValueError for an unknown name."""
         self._call(self.streams.set_policy(name))
 
+    def set_publish_at_close(self, on: bool) -> None:
+        """Switch `publish_at_close` at run time (from the scheduler's next stream close on):
+        with it off a closing stream's KV is freed as SGLang frees it. Returns once the
+        scheduler reports it (an A/B of publication on one engine, as the benchmark's
+        `stream-nopub` mode runs it)."""
+        self._call(self.streams.set_publish_at_close(on))
+
     def sched_counters(self) -> dict[str, int]:
         """The scheduler's stream counters (policy, preemptions by mode, tokens swapped ...)."""
         states = self._call(self.engine.tokenizer_manager.get_internal_state())

@@ -411,13 +411,30 @@ class StreamManager:
 
         get_policy(name)  # a clear error before anything is sent
         self.tm._dispatch_to_scheduler(SetStreamPolicyReq(policy=name))
+        await self._until_reported("policy", name, timeout_s)
+        return {"policy": name}
+
+    async def set_publish_at_close(self, on: bool, timeout_s: float = 30.0) -> dict:
+        """Switch `publish_at_close` (whether a closing stream's KV stays in the radix tree as
+        cache) from the scheduler's next close on; returns once the scheduler reports it. A
+        TimeoutError as `set_policy`."""
+        from s2l_sglang.messages import SetPublishAtCloseReq
+
+        if not isinstance(on, bool):
+            raise TypeError(f"publish_at_close must be True or False: {on!r}")
+        self.tm._dispatch_to_scheduler(SetPublishAtCloseReq(on=on))
+        await self._until_reported("publish_at_close", on, timeout_s)
+        return {"publish_at_close": on}
+
+    async def _until_reported(self, key: str, value: Any, timeout_s: float) -> None:
+        """Wait until the scheduler's `s2l_sched` state reports `key` as `value`."""
         deadline = time.monotonic() + timeout_s
         while True:
             counters = sched_counters_from(await self.tm.get_internal_state()) or {}
-            if counters.get("policy") == name:
-                return {"policy": name}
+            if key in counters and counters[key] == value:
+                return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the scheduler did not switch to policy {name!r}")
+                raise TimeoutError(f"the scheduler did not report {key} = {value!r}")
             await asyncio.sleep(0.02)
 
     def authorize(self, sid: str, token: str | None) -> None:

@@ -87,6 +87,39 @@ def test_bench_interleaves_modes_and_policies_on_one_engine(engine, tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
 
 
+def test_bench_stream_nopub_replays_run_with_publication_switched_off(engine):
+    preset = Preset(
+        name="smoke-nopub",
+        description="2 tiny ANN queries, publication A/B",
+        workloads=(WorkloadSpec("ann", rates=(2.0,), queries=2),),
+        policies=("fcfs",),
+        modes=("wait", "stream", "stream-nopub"),
+        max_context_tokens=120,
+        delay_scale=0.3,
+        drain_timeout_s=120.0,
+        repeats=1,
+        probe_tokens=200,
+        lower_bound=False,
+    )
+    try:
+        result = run_bench(preset, engine=engine, progress=False, command="smoke")
+    finally:
+        engine.set_stream_policy("default")
+        engine.set_publish_at_close(True)
+    runs = {r["mode"]: r for r in result["runs"]}
+    assert set(runs) == {"wait", "stream-fcfs", "stream-nopub-fcfs"}
+    assert runs["stream-nopub-fcfs"]["publish_at_close"] is False
+    assert runs["stream-fcfs"]["publish_at_close"] is runs["wait"]["publish_at_close"] is True
+    for run in runs.values():
+        assert run["summary"]["failed"] == 0, run["summary"]["errors"]
+    # each stream closed after its answer: published with the engine's setting, not without
+    assert runs["stream-fcfs"]["sched"]["streams_published"] == 2
+    assert runs["stream-nopub-fcfs"]["sched"]["streams_published"] == 0
+    assert engine.sched_counters()["publish_at_close"] is True  # the engine's own, restored
+    by = {c["mode"]: c for c in result["comparisons"]}
+    assert by["stream-nopub-fcfs"]["ttft_s"]["n"] == 2
+
+
 def test_micro_chunk_measures_each_append_on_the_engine(engine):
     curves = measure(engine, 96, chunk=16, every=2, methods=("stream", "sessions", "warming"),
                      progress=False)  # fmt: skip

@@ -88,3 +88,30 @@ def test_an_update_streams_kept_prefix_and_new_tail_are_published(engine):
     # the replaced tail is not what the tree holds for the refined context
     stale = engine.generate(prompt=old + QUESTION, sampling_params=GREEDY)
     assert stale["meta_info"]["cached_tokens"] < stale["meta_info"]["prompt_tokens"] - 1
+
+
+def test_publication_switches_off_and_on_at_run_time(engine):
+    text = f"Note {uuid.uuid4().hex[:8]}. " + CONTEXT
+    assert engine.sched_counters()["publish_at_close"] is True
+    try:
+        engine.set_publish_at_close(False)
+        assert engine.sched_counters()["publish_at_close"] is False
+        before = engine.sched_counters()
+        engine.open_stream("pub-off", GREEDY, text)
+        out = engine.finish("pub-off", QUESTION)
+        prompt = out["meta_info"]["prompt_tokens"]
+        # the close freed the stream's KV as SGLang's does: a plain request for the same
+        # context prefills what the stream's first turn did not publish
+        again = engine.generate(prompt=text + QUESTION, sampling_params=GREEDY)
+        assert again["meta_info"]["cached_tokens"] < prompt - 1
+        assert engine.sched_counters()["streams_published"] == before["streams_published"]
+    finally:
+        engine.set_publish_at_close(True)
+    assert engine.sched_counters()["publish_at_close"] is True
+    text2 = f"Note {uuid.uuid4().hex[:8]}. " + CONTEXT
+    before = engine.sched_counters()
+    engine.open_stream("pub-on", GREEDY, text2)
+    out = engine.finish("pub-on", QUESTION)
+    wait_published(engine, before)
+    again = engine.generate(prompt=text2 + QUESTION, sampling_params=GREEDY)
+    assert again["meta_info"]["cached_tokens"] == out["meta_info"]["prompt_tokens"] - 1

@@ -32,3 +32,16 @@ def test_setting_the_policy_starts_every_maximum_again_and_keeps_the_counts():
     counters = sched.export()
     assert all(counters[key] == 0 for key in MAXIMA), counters
     assert counters["turns_cancelled"] == 5
+
+
+def test_publication_switches_at_run_time_and_nothing_else_changes():
+    sched = StreamScheduling()
+    sched.set_policy("lcas")
+    sched.counters.streams_published = 3
+    assert sched.export()["publish_at_close"] is True
+    sched.set_publish_at_close(False)
+    counters = sched.export()
+    assert counters["publish_at_close"] is False and sched.config.publish_at_close is False
+    assert counters["policy"] == "lcas" and counters["streams_published"] == 3
+    sched.set_publish_at_close(True)
+    assert sched.export()["publish_at_close"] is True

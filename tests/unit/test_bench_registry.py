@@ -15,8 +15,10 @@ from s2l_sglang.sched.policy import policy_names
 
 
 def test_modes_are_registered_with_their_labels_and_trace_modes():
-    assert mode_names() == ["wait", "warming", "sessions", "stream"]
-    assert tuple(mode_names()) == ALL_MODES  # the CLI's help lists them without importing modes
+    assert mode_names() == ["wait", "warming", "sessions", "stream", "stream-nopub"]
+    # the CLI's help lists them without importing modes; a preset's default modes are the four
+    assert tuple(mode_names()) == (*ALL_MODES, "stream-nopub")
+    assert get_mode("stream-nopub", "mcps").label == "stream-nopub-mcps"
     assert get_mode("stream", "fcfs").label == "stream-fcfs"
     assert get_mode("wait", "fcfs").label == "wait"  # the policy does not change `wait`
     assert get_mode("sessions").applies_to("append") and not get_mode("sessions").applies_to(
@@ -80,6 +82,8 @@ def test_estimate_grows_with_queries_and_repeats():
     twice = dataclasses.replace(p, repeats=2)
     assert estimate(twice)["replays"] == 2 * estimate(p)["replays"] == 18
     assert estimate(get_preset("gpu")) is None
+    ab = dataclasses.replace(p, modes=(*p.modes, "stream-nopub"))  # once per policy, as stream
+    assert estimate(ab)["replays"] == estimate(p)["replays"] + 2 * len(p.policies)
 
 
 @pytest.mark.parametrize("name", ["memory-pressure", "memory-pressure-tails"])

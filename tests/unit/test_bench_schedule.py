@@ -44,6 +44,20 @@ def test_replays_cover_every_mode_that_applies_and_stream_once_per_policy():
     assert [r.label for r in only] == ["wait"]
 
 
+def test_stream_nopub_runs_once_per_policy_with_publication_off():
+    modes = ("wait", "stream", "stream-nopub")
+    replays = replays_of(preset(modes=modes), TRACE_MODES)
+    labels = Counter(r.label for r in replays)
+    assert labels["stream-nopub-fcfs"] == labels["stream-nopub-default"] == 3
+    publish = {r.label: r.mode.publish_at_close for r in replays}
+    assert publish["stream-nopub-fcfs"] is False
+    assert publish["stream-fcfs"] is publish["wait"] is None  # the engine's own setting
+    assert {r.policy for r in replays if r.label == "stream-nopub-fcfs"} == {"fcfs"}
+    # without run-time policy switching, each later engine runs both stream modes
+    plans = plan_per_policy(preset(modes=modes), TRACE_MODES)
+    assert Counter(r.label for r in plans[1].replays) == {"stream-fcfs": 3, "stream-nopub-fcfs": 3}
+
+
 def test_interleave_shuffles_each_repeat_block_with_a_seed():
     base = replays_of(preset(), TRACE_MODES)
     order = interleave(base, repeats=3, seed=7)
