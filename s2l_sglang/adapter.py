@@ -233,12 +233,10 @@ def _last_finished(session: Any) -> Any:
 
 
 def committed_tokens(scheduler: Any, sid: str) -> list[int]:
-    """The token ids whose KV stream `sid`'s session holds (its last finished turn's)."""
-    held = session(scheduler, sid)
-    last = _last_finished(held)
-    if last is None:
-        return []
-    return list(last.origin_input_ids[: held.committed_origin_len])
+    """The token ids whose KV stream `sid`'s session holds: its last finished turn's prompt
+    and output (a kept-open stream's generated tokens included), up to the slot's committed
+    length where the caller cuts them."""
+    return _held_ids(session(scheduler, sid))
 
 
 def _held_ids(session: Any) -> list[int]:
@@ -327,11 +325,13 @@ class Applied(NamedTuple):
 
 
 def apply(scheduler: Any, actions: Actions, host: Any = None) -> Applied:
-    """Carry out `actions` in order: drops, swap-ins, preemptions. A swap that the host pool
-    declines (pages > 1, no room) is done as a recompute."""
+    """Carry out `actions` in order: drops, preemptions, swap-ins (a swap-in takes its KV
+    from the allocator, which the preemptions have just given room: in the other order a
+    head whose own copy comes back beside a victim found no room, lost its copy and was
+    prefilled again). A swap that the host pool declines (pages > 1, no room) is done as a
+    recompute."""
     gone = (host.drop(sid) for sid in actions.drop_copies) if host is not None else ()
     dropped = tuple(entry for entry in gone if entry is not None)
-    swapped = tuple(host.swap_in(scheduler.tree_cache, sid) for sid in actions.swap_in)
     done = []
     cache = scheduler.tree_cache
     for p in actions.preempt:
@@ -344,6 +344,7 @@ def apply(scheduler: Any, actions: Actions, host: Any = None) -> Applied:
                 continue
         cache.release_session(p.sid)
         done.append((p.sid, "recompute", p.tokens))
+    swapped = tuple(host.swap_in(cache, sid) for sid in actions.swap_in)
     return Applied(dropped, swapped, tuple(done))
 
 

@@ -188,8 +188,58 @@ def run_reserve(policy: str) -> dict:
     }
 
 
+TOOL = "\nTool result: 42 items.\nQuestion: How many items are there?\nAnswer:"
+
+
+def run_agent_swap(policy: str) -> dict:
+    """An agent loop's kept-open stream, idle while its tool runs, is swapped out for another
+    stream's prefill; its next finish takes its KV back, the tokens it generated included
+    (before, the host copy held its prompt only and the output was prefilled again)."""
+    # no reserve for committed work: the pool alone decides when a stream must give up KV
+    eng = engine(policy, "swap", speculative_reserve=0)
+    tok = eng.tokenizer
+    eng.open_stream("agent", GREEDY, context(0))
+    first = eng.finish("agent", QUESTION, keep_open=True)
+    before = eng.sched_counters()
+    # while the agent's tool runs, a stream whose context does not fit beside the agent's
+    # KV: the agent, the one idle stream holding KV, is swapped out
+    other = context(1) + context(2)
+    eng.open_stream("other", GREEDY, other)
+    wait_prefilled(eng, "other")
+    swapped = eng.sched_counters()
+    eng.append("agent", TOOL)
+    second = eng.finish("agent", keep_open=False)
+    eng.abort("other")
+    prompt1 = tok(context(0) + QUESTION)["input_ids"]  # as SGLang tokenizes text
+    history = prompt1 + first["output_ids"]
+    prompt2 = history + tok.encode(TOOL, add_special_tokens=False)
+
+    def afresh_ids(ids: list[int]) -> list[int]:
+        out = eng.generate(input_ids=ids, sampling_params=GREEDY, cache_salt=fresh_salt())
+        return out["output_ids"]
+
+    return {
+        "pool": POOL_TOKENS,
+        "other": len(tok.encode(other, add_special_tokens=False)),
+        "history": len(history),
+        "prompt1": len(prompt1),
+        "prompt2": len(prompt2),
+        "first": first["output_ids"],
+        "first_ref": afresh_ids(prompt1),
+        "second": second["output_ids"],
+        "second_ref": afresh_ids(prompt2),
+        "second_prompt_tokens": second["meta_info"]["prompt_tokens"],
+        "stream": second["meta_info"]["stream"],
+        "before": before,
+        "swapped": swapped,
+        "counters": eng.sched_counters(),
+    }
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "locked-prefix":
+    if sys.argv[1] == "agent-swap":
+        print(json.dumps(run_agent_swap(sys.argv[2])), flush=True)
+    elif sys.argv[1] == "locked-prefix":
         print(json.dumps(run_locked_prefix(sys.argv[2])), flush=True)
     elif sys.argv[1] == "reserve":
         print(json.dumps(run_reserve(sys.argv[2])), flush=True)

@@ -106,3 +106,30 @@ def test_speculative_kv_leaves_room_for_a_plain_request():
         assert result["outputs"][i] == ref, i
     counters = result["counters"]
     assert counters["hook_errors"] == 0 and counters["stall_lifts"] == 0, counters
+
+
+def test_a_swapped_agent_loop_takes_back_the_kv_of_what_it_generated():
+    """A kept-open stream (an agent waiting on its tool) holds its prompt and its generated
+    tokens; swapped out while it idles, its host copy holds both (before: the prompt only, so
+    its next finish prefilled the generated tokens again; this test failed so)."""
+    result = _run_scenario("agent-swap", "fcfs")
+    assert result["other"] < result["pool"] < result["other"] + result["history"]
+    assert result["first"] == result["first_ref"]
+    assert result["second"] == result["second_ref"]
+    assert result["second_prompt_tokens"] == result["prompt2"]
+    before, swapped = result["before"], result["swapped"]
+    # the agent alone was swapped out, its KV whole: the history but the last generated
+    # token (whose KV is never computed)
+    assert swapped["preemptions_swap"] - before["preemptions_swap"] == 1, swapped
+    out = swapped["tokens_swapped_out"] - before["tokens_swapped_out"]
+    assert out == result["history"] - 1, (out, result["history"], result["prompt1"])
+    # ... and taken back whole (copied in, or found in the tree: the prompt of its first turn,
+    # which SGLang published): nothing it held was prefilled twice (every turn recomputes at
+    # most its last token). Before, the swap-in came ahead of the preemption that made room
+    # for it, found none, and dropped the copy (this failed so too).
+    counters = result["counters"]
+    back = counters["tokens_swapped_in"] + counters["tokens_swap_reused"]
+    assert back == result["history"] - 1 and counters["swap_in_dropped"] == 0, counters
+    stream = result["stream"]
+    assert stream["prefilled"] <= result["prompt2"] + stream["turns"], stream
+    assert counters["hook_errors"] == 0, counters
