@@ -66,8 +66,11 @@ def _set_policy(recv_req) -> None:
 
 def _set_publish(recv_req) -> None:
     """Scheduler handler of `SetPublishAtCloseReq`."""
-    stream_scheduling().set_publish_at_close(bool(recv_req.on))
-    logger.info("publish_at_close set to %s", bool(recv_req.on))
+    try:
+        stream_scheduling().set_publish_at_close(bool(recv_req.on))
+        logger.info("publish_at_close set to %s", bool(recv_req.on))
+    except Exception:  # never take the scheduler down: the setting stays as it was
+        _hook_failed("setting publish_at_close")
 
 
 def _remember_scheduler(result, self, *args, **kwargs):

@@ -1,8 +1,9 @@
 """Run one engine's replays in their planned order (`schedule`), on one backend.
 
 Before each replay: the stream policy it needs (switched at run time where the engine can), its
-mode's `publish_at_close` (when a mode of the run sets one, `stream-nopub`), the speed probe, then this replay's share of its workload's lower-bound samples (`bound_slots`),
-then a flush; after it, the scheduler's counters. Each replay becomes a run dict (its raw
+mode's `publish_at_close` (when a mode of the run sets one, `stream-nopub`), the speed probe,
+then this replay's share of its workload's lower-bound samples (`bound_slots`), then a flush;
+after it, the scheduler's counters. Each replay becomes a run dict (its raw
 `records` until `aggregate.summarize_runs`).
 """
 

@@ -149,3 +149,25 @@ def test_the_close_hook_publishes_only_when_configured_and_never_blocks_the_clos
     plugin._publish_closing_stream(close, controller, "s2")
     assert closed == [(controller, "s1"), (controller, "s2")]
     assert sched.counters.hook_errors == 1 and sched.counters.streams_published == 0
+
+
+def test_the_publish_switch_handler_sets_the_config_and_never_raises(monkeypatch):
+    """The scheduler's handler of `SetPublishAtCloseReq`: it switches the setting the close
+    hook reads; a failure is logged and counted, and the scheduler goes on."""
+    from s2l_sglang.config import StreamConfig
+    from s2l_sglang.messages import SetPublishAtCloseReq
+    from s2l_sglang.scheduling import StreamScheduling
+
+    sched = StreamScheduling(StreamConfig())
+    monkeypatch.setattr(plugin, "_stream_sched", sched)
+    plugin._set_publish(SetPublishAtCloseReq(on=False))
+    assert sched.config.publish_at_close is False and sched.export()["publish_at_close"] is False
+    plugin._set_publish(SetPublishAtCloseReq(on=True))
+    assert sched.config.publish_at_close is True
+
+    def broken(on):
+        raise RuntimeError("no config")
+
+    monkeypatch.setattr(sched, "set_publish_at_close", broken)
+    plugin._set_publish(SetPublishAtCloseReq(on=False))  # does not raise
+    assert sched.counters.hook_errors == 1 and sched.config.publish_at_close is True
