@@ -32,13 +32,19 @@ KEYS = ("p50", "p95", "p99")
 Samples = dict[str, list[float]]
 
 
-def samples(results: Sequence[dict], mode: str, workload: str | None = None) -> Samples:
-    """TTFTs of `mode` per query name (`<seed>:<query id>`), over every run of `results`."""
+def samples(
+    results: Sequence[dict], mode: str, workload: str | None = None, rate: float | None = None
+) -> Samples:
+    """TTFTs of `mode` per query name (`<seed>:<query id>`), over every run of `results`
+    (of one workload and one arrival rate, if given: a run of several rates replays the same
+    queries at each)."""
     out: Samples = {}
     for result in results:
         seed = result.get("config", {}).get("seed", 0)
         for run in result["runs"]:
             if run["mode"] != mode or (workload and run["workload"] != workload):
+                continue
+            if rate is not None and run.get("rate") != rate:
                 continue
             for q in run["queries"]:
                 ttft = q["ttft"] if q.get("error") is None and q.get("ttft") else float("inf")
@@ -101,11 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", default="stream-fcfs", help="the mode the setting changes")
     parser.add_argument("--base", default="wait", help="the reference mode of the same runs")
     parser.add_argument("--workload", default=None, help="one workload (default: all)")
+    parser.add_argument("--rate", type=float, default=None, help="one arrival rate (QPS)")
     args = parser.parse_args(argv)
     try:
         ra, rb = _load(args.a), _load(args.b)
-        sa = (samples(ra, args.base, args.workload), samples(ra, args.mode, args.workload))
-        sb = (samples(rb, args.base, args.workload), samples(rb, args.mode, args.workload))
+        pick = {"workload": args.workload, "rate": args.rate}
+        sa = (samples(ra, args.base, **pick), samples(ra, args.mode, **pick))
+        sb = (samples(rb, args.base, **pick), samples(rb, args.mode, **pick))
         rows = [(key, compare(sa, sb, key)) for key in KEYS]
     except (OSError, ValueError, KeyError) as exc:
         print(f"bench.pooled: error: {exc}", file=sys.stderr)

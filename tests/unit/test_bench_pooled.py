@@ -52,6 +52,18 @@ def test_runs_of_two_seeds_are_pooled_as_different_queries_and_failures_are_inf(
     assert s["1:q0"] == [float("inf")] and s["0:q1"] == [1.0]
 
 
+def test_one_rate_of_a_run_of_several_is_taken_alone():
+    low = result(0, {"wait": [1.0, 2.0]})
+    high = result(0, {"wait": [5.0, 6.0]})
+    for run in low["runs"]:
+        run["rate"] = 1.0
+    for run in high["runs"]:
+        run["rate"] = 2.0
+    both = {"config": {"seed": 0}, "runs": low["runs"] + high["runs"]}
+    assert samples([both], "wait", rate=2.0) == {"0:q0": [5.0], "0:q1": [6.0]}
+    assert samples([both], "wait")["0:q0"] == [1.0, 5.0]  # no rate: every run of the mode
+
+
 def test_the_command_prints_each_percentile_and_what_it_left_out(tmp_path, capsys):
     n = 120
     pa, pb = tmp_path / "a.json", tmp_path / "b.json"
