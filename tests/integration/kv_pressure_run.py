@@ -23,12 +23,11 @@ POOL_TOKENS = 700  # the KV pool: fewer tokens than the streams below hold toget
 STREAMS = 4
 
 
-def afresh(eng, prompt: str) -> list[int]:
-    """A plain reference's output, computed afresh (its own cache namespace: no KV of the
-    streams, published to the radix tree when they close, is reused)."""
-    return eng.generate(prompt=prompt, sampling_params=GREEDY, cache_salt=fresh_salt())[
-        "output_ids"
-    ]
+def afresh(eng, prompt: str | list[int]) -> list[int]:
+    """A plain reference's output for a text or token ids, computed afresh (its own cache
+    namespace: no KV of the streams, published to the radix tree when they close, is reused)."""
+    given = {"prompt": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
+    return eng.generate(**given, sampling_params=GREEDY, cache_salt=fresh_salt())["output_ids"]
 
 
 def context(i: int) -> str:
@@ -214,10 +213,6 @@ def run_agent_swap(policy: str) -> dict:
     history = prompt1 + first["output_ids"]
     prompt2 = history + tok.encode(TOOL, add_special_tokens=False)
 
-    def afresh_ids(ids: list[int]) -> list[int]:
-        out = eng.generate(input_ids=ids, sampling_params=GREEDY, cache_salt=fresh_salt())
-        return out["output_ids"]
-
     return {
         "pool": POOL_TOKENS,
         "other": len(tok.encode(other, add_special_tokens=False)),
@@ -225,9 +220,9 @@ def run_agent_swap(policy: str) -> dict:
         "prompt1": len(prompt1),
         "prompt2": len(prompt2),
         "first": first["output_ids"],
-        "first_ref": afresh_ids(prompt1),
+        "first_ref": afresh(eng, prompt1),
         "second": second["output_ids"],
-        "second_ref": afresh_ids(prompt2),
+        "second_ref": afresh(eng, prompt2),
         "second_prompt_tokens": second["meta_info"]["prompt_tokens"],
         "stream": second["meta_info"]["stream"],
         "before": before,
