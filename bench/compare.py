@@ -6,7 +6,8 @@ Prints, per workload, rate, mode and percentile, run A's and run B's TTFT speedu
 (with their 95% intervals) and B / A, then one line with the range of B / A: the spread of the
 same benchmark run twice. Rates are matched as the paper's QPS for paper-regime results (their
 local rates depend on each run's measured prefill rate). A result without `comparisons` (an
-older file) is aggregated from its runs.
+older file) is aggregated from its runs; `--again` aggregates both anew with the current
+harness (a result saved before the replay-level bootstrap gets today's intervals).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import numpy as np
 from bench.harness.metrics import KEYS, mode_rank
 
 
-def load(path: str | Path) -> dict:
+def load(path: str | Path, again: bool = False) -> dict:
+    """A result with its `comparisons`: those it holds, or (`again`, or an older file without
+    them) aggregated from its runs by the current harness."""
     from bench.harness.report import read_json
 
     result = read_json(Path(path))
-    if not result.get("comparisons"):
+    if again or not result.get("comparisons"):
         from bench.harness.aggregate import comparisons
 
         result["comparisons"] = comparisons(result["runs"], result.get("config", {}).get("seed", 0))
@@ -104,9 +107,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("a", type=Path, help="results.json of run A")
     parser.add_argument("b", type=Path, help="results.json of run B")
+    parser.add_argument(
+        "--again",
+        action="store_true",
+        help="aggregate both runs anew with the current harness (its intervals), not as saved",
+    )
     args = parser.parse_args(argv)
     try:
-        a, b = load(args.a), load(args.b)
+        a, b = load(args.a, args.again), load(args.b, args.again)
     except (OSError, ValueError, KeyError) as exc:
         print(f"bench.compare: error: {exc}", file=sys.stderr)
         return 2

@@ -8,8 +8,10 @@ run's seed and its id, so the same query drawn by two seeds' samples stays two q
 every repeat of it in the configuration's runs is one sample. For each configuration and
 percentile this prints the speedup of `--mode` over `--base` (`base` TTFT percentile / `mode`'s,
 both from the same runs, so each run's own machine speed cancels), and B's speedup over A's
-(the ratio of the two), with a paired bootstrap 95% interval: each draw takes query names with
-replacement and, for each, all its samples in both modes of both configurations. Queries in
+(the ratio of the two), with a paired two-level bootstrap 95% interval (as the harness's,
+`bench.harness.stats`): each draw takes each configuration's replays with replacement (the
+same ones for its base and its mode, which ran beside each other), then query names with
+replacement, and for each drawn query its samples in the drawn replays. Queries in
 only one of A and B are left out (the line under the table counts them).
 
 Use it for a setting measured back to back in runs of the same queries (A with one value, B
@@ -26,7 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness.stats import BOOTSTRAP_DRAWS, CI_LEVEL, enough, percentile_rows, too_few
+from bench.harness.stats import (
+    BOOTSTRAP_DRAWS,
+    CI_LEVEL,
+    enough,
+    percentile_rows,
+    replay_picks,
+    resample,
+    too_few,
+)
 
 KEYS = ("p50", "p95", "p99")
 Samples = dict[str, list[float]]
@@ -76,7 +86,11 @@ def compare(
     q = float(key.lstrip("p"))
     rng = np.random.default_rng(seed)
     picks = np.vstack([np.arange(len(ids)), rng.integers(0, len(ids), size=(draws, len(ids)))])
-    pct = [percentile_rows(m[picks].reshape(draws + 1, -1), q) for m in mats]
+    cols = [  # each configuration's replays: its base and mode paired, A and B apart
+        *replay_picks(rng, draws, mats[0].shape[1], mats[1].shape[1], first=True),
+        *replay_picks(rng, draws, mats[2].shape[1], mats[3].shape[1], first=True),
+    ]
+    pct = [percentile_rows(resample(m, picks, c), q) for m, c in zip(mats, cols, strict=True)]
     with np.errstate(divide="ignore", invalid="ignore"):
         sa, sb = pct[0] / pct[1], pct[2] / pct[3]
         ratio = sb / sa

@@ -139,7 +139,9 @@ def comparisons(
                 for r in group
                 if r.get("vs_wait") is not None
             ]
-            ratios = [x for x in ratios if x is not None and math.isfinite(x)]
+            # a saved result holds an infinite ratio as "inf" (report.write_json)
+            ratios = [float(x) for x in ratios if x is not None]
+            ratios = [x for x in ratios if math.isfinite(x)]
             entry["completion_ratio"] = float(np.mean(ratios)) if ratios else None
             whole = by_query(group, one_chunk) if mode != BASELINE else {}
             if whole:

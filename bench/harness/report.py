@@ -324,8 +324,8 @@ def _header(result: dict) -> list[str]:
         f"{MIN_SAMPLES['p50']}, p95 from {MIN_SAMPLES['p95']}, p99 from {MIN_SAMPLES['p99']}; "
         "`n<20` otherwise: with fewer, a p95 is just the largest sample). Speedup = `wait`'s "
         "TTFT percentile / this mode's (>1 is faster), with a bootstrap 95% interval "
-        f"({BOOTSTRAP_DRAWS} draws, seeded) that resamples queries paired by id, each with all "
-        "its repeats. `fail` = no first token (timeout or error). Completion `vs wait`: this "
+        f"({BOOTSTRAP_DRAWS} draws, seeded) that resamples the repeats (paired by round), then "
+        "the queries (paired by id). `fail` = no first token (timeout or error). Completion `vs wait`: this "
         "mode's completion time / wait's, mean over repeats. Token columns are per replay.",
         "",
     ]

@@ -4,9 +4,17 @@ percentile speedups.
 - A percentile is reported only from enough samples (`MIN_SAMPLES`): p50 from 2, p95 from 20,
   p99 from 100; below that it is None and the report prints `n<20` and so on.
 - A percentile speedup is `percentile(wait TTFT) / percentile(mode TTFT)`. Its 95% interval is a
-  seeded bootstrap (numpy) that resamples *queries*, paired: each draw takes query ids with
-  replacement and, for each id, every TTFT of that query in both modes (all repeats), so the
-  same queries are compared and a query's repeats stay together.
+  seeded two-level bootstrap (numpy) that resamples *replays*, then *queries*, both paired: each
+  draw takes repeat indices with replacement (the same ones on both sides: the modes' replays
+  of one round ran back to back, interleaved, on the machine of that moment) and query ids with
+  replacement, and takes each drawn query's TTFT in each drawn replay of both modes. With one
+  replay per mode it is the query bootstrap alone. Resampling queries only treated a run's
+  replays as one sample of the machine: where replays differ more than queries explain (an
+  overloaded engine, whose queue amplifies the machine's drift), the interval was too narrow
+  (two runs of one configuration gave a p99 of [0.85, 0.88] and [1.27, 1.35]). With few
+  replays the replay level is coarse (3 replays: 10 distinct draws of it) and, like any
+  bootstrap of k units, narrows its spread by about (k-1)/k; more repeats, or runs pooled
+  with `bench.pooled`, make it finer.
 
 Failures are +inf, as in `metrics.percentile`: a percentile that reaches a failure is +inf.
 """
@@ -91,11 +99,12 @@ def speedup_ci(
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(ids), size=(draws, len(ids)))
     if b is not None and m is not None:
+        cb, cm = replay_picks(rng, draws, b.shape[1], m.shape[1])
         ratios = _ratio(
-            percentile_rows(b[picks].reshape(draws, -1), q),
-            percentile_rows(m[picks].reshape(draws, -1), q),
+            percentile_rows(resample(b, picks, cb), q),
+            percentile_rows(resample(m, picks, cm), q),
         )
-    else:  # queries with different numbers of samples: one draw at a time
+    else:  # queries with different numbers of samples: queries only, one draw at a time
         ratios = np.array(
             [
                 _ratio(
@@ -109,6 +118,33 @@ def speedup_ci(
     alpha = (1 - CI_LEVEL) / 2 * 100
     lo, hi = np.percentile(ratios, [alpha, 100 - alpha]) if ratios.size else (np.nan, np.nan)
     return {"value": _num(value), "lo": _num(lo), "hi": _num(hi), "n": n}
+
+
+def replay_picks(
+    rng: np.random.Generator, draws: int, base: int, mode: int, first: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """The replay level of a two-level bootstrap: each draw's replay (column) indices, with
+    replacement, for a base with `base` replays and a mode with `mode`. With as many on both
+    sides the draws are paired (the same indices: replay i of each mode is the same round);
+    otherwise each side draws its own. `first`: row 0 is the identity (every replay once: the
+    point estimate), and `draws` rows follow it. Called after the query draw, so a run of one
+    replay per mode draws the same queries as before this level existed."""
+    rows = draws + int(first)
+
+    def one(k: int) -> np.ndarray:
+        cols = rng.integers(0, k, size=(rows, k))
+        if first:
+            cols[0] = np.arange(k)
+        return cols
+
+    cb = one(base)
+    return cb, (cb if mode == base else one(mode))
+
+
+def resample(x: np.ndarray, picks: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """A (queries x replays) matrix's samples in each draw: the drawn queries (`picks`, draws x
+    queries) in the drawn replays (`cols`, draws x replays), as (draws, queries * replays)."""
+    return x[picks[:, :, None], cols[:, None, :]].reshape(len(picks), -1)
 
 
 def _flat(by_query: Mapping[str, Sequence[float]], ids: Sequence[str]) -> np.ndarray:

@@ -63,3 +63,14 @@ def test_rates_of_paper_runs_match_by_the_papers_qps(pair):
 def test_missing_file_is_an_error(tmp_path, capsys):
     assert compare.main([str(tmp_path / "nope.json"), str(tmp_path / "nope.json")]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_again_aggregates_the_runs_anew_instead_of_reading_the_saved_comparisons(pair, capsys):
+    """Run B's saved p50 was edited to 1.1x A's; its runs are A's, so aggregated anew from
+    them the two runs agree."""
+    assert compare.main([*map(str, pair), "--again"]) == 0
+    rows = table(capsys.readouterr().out)
+    assert rows[("crawler", "1", "stream-fcfs", "p50")][-1] == "1.00x"
+    again = compare.load(pair[1], again=True)
+    saved = compare.load(pair[1])
+    assert compare.speedups(again) != compare.speedups(saved)

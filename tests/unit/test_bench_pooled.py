@@ -76,3 +76,20 @@ def test_the_command_prints_each_percentile_and_what_it_left_out(tmp_path, capsy
     assert "p99: 1.00x [1.00, 1.00] | 2.00x [2.00, 2.00] | 2.00x [2.00, 2.00]" in out
     assert "120 queries in both" in out and "1 queries left out" in out
     assert main(["--a", str(tmp_path / "missing.json"), "--b", str(pb)]) == 2
+
+
+def test_replays_of_a_configuration_are_resampled():
+    """B's two replays disagree (the mode 2x faster in one, as fast as the base in the other):
+    its interval spans both, where A's replays agree and its interval is a point."""
+    n = 60
+    a = [result(0, {"wait": spread(n, 1), "stream": spread(n, 0.5)}, repeats=2)]
+    b = [result(0, {"wait": spread(n, 1), "stream": spread(n, 0.5)}, repeats=2)]
+    for run in b[0]["runs"]:
+        if run["mode"] == "stream" and run["repeat"] == 1:
+            for q in run["queries"]:
+                q["ttft"] *= 2
+    pa = (samples(a, "wait"), samples(a, "stream"))
+    pb = (samples(b, "wait"), samples(b, "stream"))
+    r = compare(pa, pb, "p50")
+    assert r["a"]["lo"] == pytest.approx(2.0) == pytest.approx(r["a"]["hi"])
+    assert r["b"]["lo"] < 1.05 and r["b"]["hi"] > 1.95

@@ -87,3 +87,29 @@ def test_failures_and_unequal_repeats():
     uneven = {**base, "q0": [1.0, 1.0, 1.0]}
     got = speedup_ci(uneven, by_query([0.5] * 30), "p50", draws=200)
     assert got["value"] == pytest.approx(2.0) and got["lo"] == pytest.approx(2.0)
+
+
+def test_replays_that_disagree_widen_the_interval_to_span_them():
+    """Two replays per mode: in the first the mode is 2x faster, in the second no faster (its
+    queue had a bad stretch). Resampling queries alone keeps both replays in every draw, so the
+    interval hugs the pooled value; resampling replays too draws runs of either kind and spans
+    1x to 2x."""
+    rng = np.random.default_rng(2)
+    ttft = rng.lognormal(0.0, 0.3, 60)
+    base = {f"q{i}": [t, t] for i, t in enumerate(ttft)}
+    mode = {f"q{i}": [t / 2, t] for i, t in enumerate(ttft)}
+    sp = speedup_ci(base, mode, "p50", seed=0)
+    assert 1.0 < sp["value"] < 2.0
+    assert sp["lo"] < 1.05 and sp["hi"] > 1.9
+
+
+def test_replays_are_paired_by_round_so_a_machine_slower_in_one_round_adds_no_spread():
+    """Round 1 ran on a machine three times slower, for both modes: drawn as pairs, every draw
+    of a uniform 2x speedup is 2x (drawn apart, a slow base against a fast mode would
+    scatter it)."""
+    rng = np.random.default_rng(0)
+    ttft = rng.lognormal(0.0, 1.0, 40)
+    base = {f"q{i}": [t, 3 * t] for i, t in enumerate(ttft)}
+    mode = {k: [v / 2 for v in vs] for k, vs in base.items()}
+    sp = speedup_ci(base, mode, "p95", seed=0)
+    assert sp["lo"] == pytest.approx(2.0) and sp["hi"] == pytest.approx(2.0)
