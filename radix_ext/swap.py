@@ -9,7 +9,11 @@ Swap-in runs when the stream's next turn waits for admission: whatever prefix of
 tree still holds is kept, the rest is allocated (evicting LRU cache if needed, with the matched
 prefix locked), filled from the host copy (`load_cpu_copy`) and inserted into the tree. The turn's
 own prefix match then finds all N tokens, as if the KV had never left. If the pool cannot take
-them, the copy is dropped and the turn recomputes: slower, never wrong.
+them, the copy is dropped and the turn recomputes: slower, never wrong. The copy goes back under
+the key it was computed under: the session's last turn's `extra_key` and `cache_salt` (a
+tenant's cache namespace), as publication at close keys it (`radix_ext.publish`); under the
+plain key a salted stream's KV would land in the shared namespace, where its own next turn
+(salted) would not find it and another tenant's request would.
 
 Back in the tree the copy is evictable cache until its turn's admission locks it. The host copy
 is therefore kept (`SwappedKV.restored`) until the stream holds its slot again (the caller drops
@@ -35,6 +39,8 @@ class SwappedKV:
     tokens: list[int]  # the token ids whose KV is held, in order
     kv_cpu: Any  # `get_cpu_copy` layout: per layer, chunks of [k, v]
     restored: bool = False  # swapped in at least once (kept until the stream holds its slot)
+    extra_key: str | None = None  # the radix key's namespace the KV was computed under
+    cache_salt: str | None = None
 
     @property
     def size(self) -> int:
@@ -73,8 +79,17 @@ class HostKVPool:
         """Forget `sid`'s copy; returns it (None: there was none)."""
         return self.entries.pop(sid, None)
 
-    def swap_out(self, cache: Any, sid: str, tokens: list[int]) -> int:
-        """Copy session `sid`'s committed KV for `tokens` to host and release its slot.
+    def swap_out(
+        self,
+        cache: Any,
+        sid: str,
+        tokens: list[int],
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+    ) -> int:
+        """Copy session `sid`'s committed KV for `tokens` to host and release its slot;
+        `extra_key` and `cache_salt`: the namespace of the session's last turn, the key the
+        copy goes back under.
 
         Returns the tokens swapped out (0: nothing held, pages > 1, or no host room; the slot
         is then left alone and the caller may recompute instead).
@@ -88,7 +103,7 @@ class HostKVPool:
             return 0
         indices = cache.req_to_token_pool.req_to_token[slot.kv.req_pool_idx, :n].to(torch.int64)
         kv_cpu = cache.token_to_kv_pool_allocator.get_cpu_copy(indices)
-        self.entries[sid] = SwappedKV(list(tokens[:n]), kv_cpu)
+        self.entries[sid] = SwappedKV(list(tokens[:n]), kv_cpu, False, extra_key, cache_salt)
         cache.release_session(sid)
         return n
 
@@ -104,7 +119,7 @@ class HostKVPool:
 
         entry = self.entries[sid]
         again, entry.restored = entry.restored, True
-        key = RadixKey(array("q", entry.tokens))
+        key = RadixKey(array("q", entry.tokens), entry.extra_key, cache_salt=entry.cache_salt)
         match = cache.match_prefix(MatchPrefixParams(key=key))
         reused = int(match.device_prefix_len)
         missing = entry.size - reused

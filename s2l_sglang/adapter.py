@@ -17,7 +17,8 @@ are pure (`sched/decide.py`). What is read and written:
   flag and last finished turn (`Session._inflight`, `req_nodes`), the turn's
   `session_params.rid` (read and reset); the turn is handed to
   `Scheduler.handle_generate_request` once the turn before has ended;
-- KV release (`tree_cache.release_session`), copy to host and back (`radix_ext.swap`), rollback
+- KV release (`tree_cache.release_session`), copy to host and back (`radix_ext.swap`, under
+  the namespace of the session's last turn: `Req.extra_key`, `Req.cache_salt`), rollback
   of a session's committed lengths (`radix_ext.rollback`), aborting a waiting request
   (`Scheduler.abort_request`), and a closing stream's KV handed to the radix tree before
   SGLang's close releases it (`SessionController.sessions`, `tree_cache`; `radix_ext.publish`);
@@ -239,6 +240,16 @@ def committed_tokens(scheduler: Any, sid: str) -> list[int]:
     return _held_ids(session(scheduler, sid))
 
 
+def namespace(scheduler: Any, sid: str) -> tuple[str | None, str | None]:
+    """The radix key namespace (`extra_key`, `cache_salt`) of stream `sid`'s KV: its last
+    finished turn's, the key a copy of that KV goes back under. (None, None) with none."""
+    return _namespace(_last_finished(session(scheduler, sid)))
+
+
+def _namespace(req: Any) -> tuple[str | None, str | None]:
+    return getattr(req, "extra_key", None), getattr(req, "cache_salt", None)
+
+
 def _held_ids(session: Any) -> list[int]:
     """The token ids a streaming session's next turn is appended to, whose KV its slot holds
     (up to the slot's committed length): its last finished turn's committed prompt and output
@@ -338,7 +349,8 @@ def apply(scheduler: Any, actions: Actions, host: Any = None) -> Applied:
         if p.sid not in cache.session.slots:
             continue
         if p.mode == "swap" and host is not None:
-            n = host.swap_out(cache, p.sid, committed_tokens(scheduler, p.sid))
+            tokens = committed_tokens(scheduler, p.sid)
+            n = host.swap_out(cache, p.sid, tokens, *namespace(scheduler, p.sid))
             if n:
                 done.append((p.sid, "swap", n))
                 continue
@@ -408,12 +420,13 @@ def publish_at_close(controller: Any, key: str) -> Any:
     last = _last_finished(held)
     if last is None or not last.finished() or stream_of(last.rid) is None:
         return None
+    extra_key, cache_salt = _namespace(last)
     return publish_session_kv(
         controller.tree_cache,
         key,
         _held_ids(held),  # cut to the slot's committed length there
-        extra_key=getattr(last, "extra_key", None),
-        cache_salt=getattr(last, "cache_salt", None),
+        extra_key=extra_key,
+        cache_salt=cache_salt,
     )
 
 
@@ -508,6 +521,16 @@ def abort_message(abort_req: Any) -> str:
 # ---- the contract -------------------------------------------------------------------------
 
 
+def _req_has_namespace() -> bool:
+    """SGLang's `Req` takes the radix key's namespace fields `namespace` reads (read with a
+    default there: a renamed field would otherwise read as no namespace, silently)."""
+    import inspect
+
+    from sglang.srt.managers.schedule_batch import Req
+
+    return {"extra_key", "cache_salt"} <= set(inspect.signature(Req.__init__).parameters)
+
+
 def check_contract(scheduler: Any) -> list[str]:
     """Run every read above against the live `scheduler`; the names of those that fail
     (empty: this SGLang has everything the adapter uses)."""
@@ -537,6 +560,7 @@ def check_contract(scheduler: Any) -> list[str]:
         "max_total_tokens": lambda: max_total_tokens(scheduler) > 0,
         "request_dispatcher": lambda: scheduler._request_dispatcher is not None,
         "CLIP_MAX_NEW_TOKENS": lambda: _clip_max_new() > 0,
+        "Req.extra_key/cache_salt (namespace)": _req_has_namespace,
     }
     for name, check in checks.items():
         try:

@@ -25,9 +25,12 @@ def fill_kv(s: Stream) -> tuple[torch.Tensor, torch.Tensor]:
     return k, -k
 
 
-def tree_kv(s: Stream, tokens: list[int]) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """(matched length, K, V) the radix tree gives for `tokens`."""
-    match = s.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
+def tree_kv(
+    s: Stream, tokens: list[int], salt: str | None = None
+) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(matched length, K, V) the radix tree gives for `tokens` (in namespace `salt`)."""
+    key = RadixKey(array("q", tokens), cache_salt=salt)
+    match = s.cache.match_prefix(MatchPrefixParams(key=key))
     idx = s.cache.path_device_indices(match.last_device_node)[: match.device_prefix_len]
     pool = s.cache.token_to_kv_pool_allocator.get_kvcache()
     idx = idx.to(torch.int64)
@@ -132,5 +135,23 @@ def test_a_copy_evicted_before_its_turn_comes_back_from_the_kept_host_copy():
     assert matched == 12 and torch.equal(k_tree, k) and torch.equal(v_tree, v)
     entry = host.drop(SID)
     assert entry is not None and entry.restored and entry.size == 12 and SID not in host
+    s.cache.evict(EvictParams(num_tokens=POOL))
+    assert s.avail == POOL
+
+
+def test_a_salted_streams_copy_goes_back_under_its_own_namespace():
+    """A stream whose turns carry a `cache_salt` (a tenant's cache namespace) is swapped out
+    and its published prefix evicted: the copy goes back under that salt, where its next turn
+    (salted) matches it, and not under the plain key, where another tenant's request would."""
+    s = make_stream(n=12, published=0)
+    k, v = fill_kv(s)
+    host = HostKVPool(64)
+    assert host.swap_out(s.cache, SID, TOKENS, cache_salt="tenant-a") == 12
+
+    assert host.swap_in(s.cache, SID) == SwapInResult(restored=12, reused=0, dropped=False)
+
+    assert tree_kv(s, TOKENS)[0] == 0  # the shared namespace has none of it
+    matched, k_tree, v_tree = tree_kv(s, TOKENS, salt="tenant-a")
+    assert matched == 12 and torch.equal(k_tree, k) and torch.equal(v_tree, v)
     s.cache.evict(EvictParams(num_tokens=POOL))
     assert s.avail == POOL
