@@ -11,8 +11,11 @@ both from the same runs, so each run's own machine speed cancels), and B's speed
 (the ratio of the two), with a paired two-level bootstrap 95% interval (as the harness's,
 `bench.harness.stats`): each draw takes each configuration's replays with replacement (the
 same ones for its base and its mode, which ran beside each other), then query names with
-replacement, and for each drawn query its samples in the drawn replays. Queries in
-only one of A and B are left out (the line under the table counts them).
+replacement, and for each drawn query its samples in the drawn replays. A configuration's
+replay j is, for each query, its j-th sample over the configuration's runs in the order given:
+runs of one seed line up replay by replay; a query drawn by another seed's run takes its j-th
+from that run. Queries in only one of A and B are left out (the line under the table counts
+them).
 
 Use it for a setting measured back to back in runs of the same queries (A with one value, B
 with the other): the base mode (`wait` or SGLang's `sessions`, untouched by the setting) keeps
