@@ -84,6 +84,7 @@ class HostKVPool:
         cache: Any,
         sid: str,
         tokens: list[int],
+        *,
         extra_key: str | None = None,
         cache_salt: str | None = None,
     ) -> int:

@@ -233,17 +233,13 @@ def _last_finished(session: Any) -> Any:
     return node.req
 
 
-def committed_tokens(scheduler: Any, sid: str) -> list[int]:
-    """The token ids whose KV stream `sid`'s session holds: its last finished turn's prompt
-    and output (a kept-open stream's generated tokens included), up to the slot's committed
-    length where the caller cuts them."""
-    return _held_ids(session(scheduler, sid))
-
-
-def namespace(scheduler: Any, sid: str) -> tuple[str | None, str | None]:
-    """The radix key namespace (`extra_key`, `cache_salt`) of stream `sid`'s KV: its last
-    finished turn's, the key a copy of that KV goes back under. (None, None) with none."""
-    return _namespace(_last_finished(session(scheduler, sid)))
+def committed_kv(scheduler: Any, sid: str) -> tuple[list[int], str | None, str | None]:
+    """What stream `sid`'s session holds KV for, from its last finished turn: the token ids
+    (its prompt and output, a kept-open stream's generated tokens included, up to the slot's
+    committed length where the caller cuts them) and the radix key namespace they were
+    computed under (`extra_key`, `cache_salt`: the key a copy of that KV goes back under)."""
+    held = session(scheduler, sid)
+    return (_held_ids(held), *_namespace(_last_finished(held)))
 
 
 def _namespace(req: Any) -> tuple[str | None, str | None]:
@@ -349,8 +345,8 @@ def apply(scheduler: Any, actions: Actions, host: Any = None) -> Applied:
         if p.sid not in cache.session.slots:
             continue
         if p.mode == "swap" and host is not None:
-            tokens = committed_tokens(scheduler, p.sid)
-            n = host.swap_out(cache, p.sid, tokens, *namespace(scheduler, p.sid))
+            tokens, extra_key, cache_salt = committed_kv(scheduler, p.sid)
+            n = host.swap_out(cache, p.sid, tokens, extra_key=extra_key, cache_salt=cache_salt)
             if n:
                 done.append((p.sid, "swap", n))
                 continue
@@ -522,7 +518,7 @@ def abort_message(abort_req: Any) -> str:
 
 
 def _req_has_namespace() -> bool:
-    """SGLang's `Req` takes the radix key's namespace fields `namespace` reads (read with a
+    """SGLang's `Req` takes the radix key's namespace fields `committed_kv` reads (read with a
     default there: a renamed field would otherwise read as no namespace, silently)."""
     import inspect
 
