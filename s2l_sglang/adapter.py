@@ -10,7 +10,8 @@ are pure (`sched/decide.py`). What is read and written:
 - the running batch (`Scheduler.running_batch.reqs`): the KV its requests will still take,
   counted as SGLang's `PrefillAdder` counts it (clipped output left x `new_token_ratio`);
 - the chunked request (`Scheduler.chunked_req`): its next chunk;
-- the pool (`token_to_kv_pool_allocator.available_size()`, `tree_cache.evictable_size()`);
+- the pool (`token_to_kv_pool_allocator.available_size()`, `tree_cache.evictable_size()`,
+  and its bytes per token, `get_kvcache().get_kv_size_bytes()`, which size the host pool);
 - session slots (`tree_cache.session.slots`: committed and allocated lengths, whether a turn
   is in flight) and sessions (`session_controller`);
 - a stream's final turn sent while its turn before is in flight: the session's in-flight
@@ -291,6 +292,16 @@ def max_total_tokens(scheduler: Any) -> int:
     return int(scheduler.max_total_num_tokens)
 
 
+def kv_bytes_per_token(scheduler: Any) -> int:
+    """Bytes of KV one token takes in the device pool (every layer, K and V; for SmolLM2-135M
+    in bfloat16 30 x 2 x 3 x 64 x 2 = 23,040): the pool's buffers over their rows, which are
+    `size + page_size` (SGLang keeps a padding page)."""
+    pool = scheduler.token_to_kv_pool_allocator.get_kvcache()
+    size = pool.get_kv_size_bytes()
+    total = int(sum(size)) if isinstance(size, tuple) else int(size)  # numpy ints, at times
+    return max(1, total // (int(pool.size) + int(pool.page_size)))
+
+
 def metrics_enabled(scheduler: Any) -> bool:
     return bool(getattr(scheduler, "enable_metrics", False))
 
@@ -554,6 +565,7 @@ def check_contract(scheduler: Any) -> list[str]:
         "live_counts": lambda: live_counts(scheduler)["dp_rank"] >= 0,
         "model_dtype": lambda: bool(model_dtype(scheduler)),
         "max_total_tokens": lambda: max_total_tokens(scheduler) > 0,
+        "kv_bytes_per_token": lambda: kv_bytes_per_token(scheduler) > 1,
         "request_dispatcher": lambda: scheduler._request_dispatcher is not None,
         "CLIP_MAX_NEW_TOKENS": lambda: _clip_max_new() > 0,
         "Req.extra_key/cache_salt (namespace)": _req_has_namespace,

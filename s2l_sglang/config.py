@@ -34,6 +34,21 @@ SPECULATIVE_CHUNK_CPU = 256
 SPECULATIVE_CHUNK_GPU = 512
 
 
+#: the host pool's default budget for swapped KV, in bytes: vLLM's default CPU swap space
+#: (`--swap-space 4`, GiB). In tokens it depends on the model: 186,413 of SmolLM2-135M in
+#: bfloat16 (23,040 bytes a token), 32,768 of an 8B Llama (131,072). The pool takes host memory
+#: only for the copies it holds. Under memory pressure its size decides whether swapped streams
+#: come back (bench/results/README.md, "memory-pressure-tails-host32k-f3e1592": with room for
+#: every open stream ANN's p99 over waiting was 2.4-2.7x, with the device pool's 3,072 tokens
+#: 0.95-1.02x).
+HOST_KV_BYTES = 4 << 30
+
+
+def default_host_kv_tokens(kv_bytes_per_token: int) -> int:
+    """`host_kv_tokens` when none is given: as many tokens as `HOST_KV_BYTES` holds."""
+    return HOST_KV_BYTES // max(1, kv_bytes_per_token)
+
+
 def default_speculative_chunk() -> int:
     """`speculative_chunk` when none is given: 256 on a CPU host, 512 on a GPU."""
     from s2l_sglang.defaults import is_cpu_host
@@ -49,7 +64,8 @@ class StreamConfig:
     stream_policy: str = "default"
     #: how a stream gives up KV under pressure: `auto` (cost model), `recompute`, `swap`
     preemption: str = "auto"
-    #: host pool for swapped KV, in tokens (None: the device pool's size)
+    #: host pool for swapped KV, in tokens (None: `default_host_kv_tokens`, as many as 4 GiB of
+    #: the model's KV holds)
     host_kv_tokens: int | None = None
     #: seconds a stream may stay quiet before it is aborted (None: never)
     stream_idle_timeout: float | None = 60.0
@@ -166,7 +182,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--host-kv-tokens",
         type=int,
         default=d.host_kv_tokens,
-        help="host pool for swapped KV, in tokens (default: the device pool's size)",
+        help="host pool for swapped KV, in tokens (default: as many as 4 GiB of the model's KV "
+        "holds, vLLM's default swap space)",
     )
     group.add_argument(
         "--stream-idle-timeout",

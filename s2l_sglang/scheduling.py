@@ -22,7 +22,7 @@ from typing import Any
 
 from radix_ext.swap import HostKVPool
 from s2l_sglang import adapter
-from s2l_sglang.config import StreamConfig
+from s2l_sglang.config import StreamConfig, default_host_kv_tokens
 from s2l_sglang.rid import CANCELLED, REBASE, is_final, is_speculative, is_volatile, stream_of
 from s2l_sglang.sched.decide import (
     RecentMax,
@@ -241,10 +241,28 @@ class StreamScheduling:
                 logger.info("preemption cost profile: %s", path)
         self.preemption = get_preemption(name, cost_model)
         if name != "recompute":
-            capacity = self.config.host_kv_tokens or adapter.max_total_tokens(scheduler)
-            self.host = HostKVPool(capacity)
+            self.host = HostKVPool(self._host_capacity(scheduler))
         if adapter.metrics_enabled(scheduler):
             self._metrics = _prometheus_counters()
+
+    def _host_capacity(self, scheduler: Any) -> int:
+        """The host pool's size in tokens: `host_kv_tokens`, else `HOST_KV_BYTES` of the model's
+        KV (the device pool's size where this SGLang does not say its bytes per token)."""
+        if self.config.host_kv_tokens:
+            return self.config.host_kv_tokens
+        try:
+            per_token = adapter.kv_bytes_per_token(scheduler)
+        except Exception:  # noqa: BLE001 - named by check_contract; the old default then
+            logger.exception("KV bytes per token unknown; host pool = the device pool's size")
+            return adapter.max_total_tokens(scheduler)
+        capacity = default_host_kv_tokens(per_token)
+        logger.info(
+            "host KV pool: %d tokens (%.1f GiB at %d bytes a token; --host-kv-tokens sets it)",
+            capacity,
+            capacity * per_token / (1 << 30),
+            per_token,
+        )
+        return capacity
 
     # ---- events from the plugin's hooks -----------------------------------------------------
 
@@ -620,6 +638,7 @@ class StreamScheduling:
             "publish_at_close": self.config.publish_at_close,
             "preemption": self.preemption.name if self.preemption is not None else None,
             "profile": self.profile_path,
+            "host_kv_capacity": self.host.capacity_tokens if self.host is not None else 0,
             "host_kv_used": self.host.used_tokens if self.host is not None else 0,
             "host_copies": len(self.host.entries) if self.host is not None else 0,
             "spec_reserve": (

@@ -37,8 +37,8 @@ class StreamEngine:
         """`stream_policy`: the scheduler's stream policy (`default`, `fcfs`, `lcas`, `mcps`;
         switchable later with `set_stream_policy`). `preemption`: how streams give up KV under
         pressure (`auto`: by the saved cost profile of this setup, recompute if none;
-        `recompute`; `swap`). `host_kv_tokens`: the host pool for swapped KV (default: the
-        device pool's size). `idle_timeout`: seconds before a quiet stream is aborted (None:
+        `recompute`; `swap`). `host_kv_tokens`: the host pool for swapped KV, in tokens
+        (default: as many as 4 GiB of the model's KV holds). `idle_timeout`: seconds before a quiet stream is aborted (None:
         never). `speculative_chunk`: most new tokens per prefill turn of a context not yet
         final, and per prefill step (a final context waits behind at most that much; None:
         256 on a CPU host, 512 on a GPU). `speculative_reserve`: KV tokens

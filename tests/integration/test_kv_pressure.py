@@ -13,11 +13,22 @@ from pathlib import Path
 
 import pytest
 
+from s2l_sglang.config import HOST_KV_BYTES
+from s2l_sglang.model import model_dir
+
 pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every policy, each with a preemption mode; `auto` uses the profile shipped for this setup.
 CASES = [("default", "recompute"), ("fcfs", "swap"), ("lcas", "auto"), ("mcps", "swap")]
+
+
+def _kv_bytes_per_token() -> int:
+    """The embedded model's KV bytes per token in float32 (the tests' dtype), from its
+    config: K and V of every layer."""
+    cfg = json.loads((model_dir() / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * 4
 
 
 def _run_scenario(*args: str) -> dict:
@@ -60,6 +71,13 @@ def test_more_streams_than_kv_all_complete_with_identical_output(policy, preempt
     else:  # auto: the shipped profile of the embedded model on CPU was found and used
         assert counters["preemption"] == "auto", counters
         assert counters["profile"] and counters["profile"].endswith(".json")
+    # the host pool (swap and auto) holds 4 GiB of this model's KV unless told otherwise: far
+    # more than the device pool here (before: the device pool's size)
+    if preemption == "recompute":
+        assert counters["host_kv_capacity"] == 0, counters  # no host pool
+    else:
+        capacity = HOST_KV_BYTES // _kv_bytes_per_token()
+        assert counters["host_kv_capacity"] == capacity > result["pool"], counters
     # finished streams left nothing in the host pool, before any later request came
     assert counters["host_kv_used"] == 0 and counters["host_copies"] == 0, counters
     # a copy never swapped back in counts as a recompute preemption, not a swap one

@@ -7,7 +7,13 @@ import pickle
 
 import pytest
 
-from s2l_sglang.config import StreamConfig, attach, of_server_args, split_argv
+from s2l_sglang.config import (
+    StreamConfig,
+    attach,
+    default_host_kv_tokens,
+    of_server_args,
+    split_argv,
+)
 
 
 @pytest.mark.parametrize(
@@ -33,6 +39,13 @@ def test_defaults_are_valid_and_round_trip_through_a_dict():
     assert StreamConfig.from_dict(config.as_dict()) == config
     with pytest.raises(ValueError, match="unknown stream settings"):
         StreamConfig.from_dict({**config.as_dict(), "stream_polcy": "fcfs"})
+
+
+def test_the_default_host_pool_is_4_gib_of_the_models_kv():
+    # SmolLM2-135M in bfloat16: 30 layers x K and V x 3 heads x 64 x 2 bytes
+    assert default_host_kv_tokens(30 * 2 * 3 * 64 * 2) == 186_413
+    # an 8B Llama in bfloat16 (32 layers, 8 KV heads of 128): vLLM's 4 GiB swap space
+    assert default_host_kv_tokens(32 * 2 * 8 * 128 * 2) == 32_768
 
 
 def test_serve_argv_is_split_into_ours_and_sglangs():
