@@ -38,9 +38,9 @@ SPECULATIVE_CHUNK_GPU = 512
 #: (`--swap-space 4`, GiB). In tokens it depends on the model: 186,413 of SmolLM2-135M in
 #: bfloat16 (23,040 bytes a token), 32,768 of an 8B Llama (131,072). The pool takes host memory
 #: only for the copies it holds. Under memory pressure its size decides whether swapped streams
-#: come back (bench/results/README.md, "memory-pressure-tails-host32k-f3e1592": with room for
-#: every open stream ANN's p99 over waiting was 2.4-2.7x, with the device pool's 3,072 tokens
-#: 0.95-1.02x).
+#: come back (bench/results/README.md: ANN's p99 over waiting in `memory-pressure-tails` was
+#: 0.95-1.02x with a host pool of the device pool's 3,072 tokens, the default until
+#: 2026-12-07, and 2.31-3.20x with this one, "memory-pressure-tails-3b645ec").
 HOST_KV_BYTES = 4 << 30
 
 

@@ -38,10 +38,11 @@ class StreamEngine:
         switchable later with `set_stream_policy`). `preemption`: how streams give up KV under
         pressure (`auto`: by the saved cost profile of this setup, recompute if none;
         `recompute`; `swap`). `host_kv_tokens`: the host pool for swapped KV, in tokens
-        (default: as many as 4 GiB of the model's KV holds). `idle_timeout`: seconds before a quiet stream is aborted (None:
-        never). `speculative_chunk`: most new tokens per prefill turn of a context not yet
-        final, and per prefill step (a final context waits behind at most that much; None:
-        256 on a CPU host, 512 on a GPU). `speculative_reserve`: KV tokens
+        (default: as many as 4 GiB of the model's KV holds). `idle_timeout`: seconds before a
+        quiet stream is aborted (None: never). `speculative_chunk`: most new tokens per
+        prefill turn of a context not yet final, and per prefill step (a final context waits
+        behind at most that much; None: 256 on a CPU host, 512 on a GPU). `speculative_reserve`:
+        KV tokens
         that such prefill leaves free for final contexts and plain requests (None: the
         largest seen, at most half the pool). `hold_back`: in update mode, the
         tail a refinement rewrote is prefilled only at the lowest priority, and
