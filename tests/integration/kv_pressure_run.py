@@ -107,16 +107,24 @@ def run_locked_prefix(policy: str) -> dict:
     holds its context and goes idle. The stream must give its KV up for it; if the plan counts
     the locked prefix as free, nothing is preempted, SGLang admits nothing, and nothing else
     would ever free the KV (the stall fallback would, after `STALL_STEPS` steps: counted)."""
-    # The stream prefills for many steps while the request waits, as one turn: with
-    # `speculative_chunk` below its ~320 tokens (256, the CPU default) its context goes in as
-    # two turns, the request is admitted between them while it still fits, and the plan's
-    # count is never put to the test (checked: no preemption, no stall, with either count).
+    # The stream prefills for many steps (16-token chunks) as one turn (`speculative_chunk`
+    # above its ~320 tokens), and the request is sent once the stream's KV has taken 256
+    # tokens of the pool (the scheduler's own count), so that it no longer fits beside it,
+    # while that prefill still runs. Sent at once, the request at times reached the
+    # scheduler before the stream had taken that much and was admitted while it still fitted
+    # (a CI run of 2026-12-07: no preemption); sent once the stream idles, the plan's count
+    # was not put to the test (checked: a preemption with either count).
     eng = engine(policy, "recompute", chunk=16, speculative_chunk=512)
     cached = context(0) + QUESTION
     eng.generate(prompt=cached, sampling_params=GREEDY)  # its KV stays as evictable cache
     before = eng.sched_counters()
     # one stream of ~330 tokens: the pool then has fewer free tokens than the request's extend
     eng.open_stream("a", GREEDY, context(1) + context(2)[:150])
+    deadline = time.monotonic() + 120
+    while eng.sched_counters()["kv_available"] > before["kv_available"] - 256:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the stream's prefill took no KV in 120 s")
+        time.sleep(0.002)
     prompt = cached + context(3)[:330]  # ~135 tokens past the cached prefix
     out: dict = {}
     thread = threading.Thread(
