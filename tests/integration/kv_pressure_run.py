@@ -44,6 +44,17 @@ def wait_prefilled(eng, sid: str, timeout: float = 300.0) -> None:
         time.sleep(0.05)
 
 
+def until_counters(eng, done, what: str, timeout: float = 120.0, poll: float = 0.02) -> dict:
+    """The scheduler's counters (polled) once `done(counters)` holds; TimeoutError after
+    `timeout` seconds, naming `what` was awaited."""
+    deadline = time.monotonic() + timeout
+    while not done(counters := eng.sched_counters()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not in {timeout} s: {counters}")
+        time.sleep(poll)
+    return counters
+
+
 def engine(policy: str, preemption: str, chunk: int = 128, **stream):
     """An engine with the small KV pool, idle streams never aborted, and KV that nobody holds
     failing SGLang's idle check; `stream`: more StreamEngine settings."""
@@ -120,11 +131,8 @@ def run_locked_prefix(policy: str) -> dict:
     before = eng.sched_counters()
     # one stream of ~330 tokens: the pool then has fewer free tokens than the request's extend
     eng.open_stream("a", GREEDY, context(1) + context(2)[:150])
-    deadline = time.monotonic() + 120
-    while eng.sched_counters()["kv_available"] > before["kv_available"] - 256:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the stream's prefill took no KV in 120 s")
-        time.sleep(0.002)
+    taken = before["kv_available"] - 256
+    until_counters(eng, lambda c: c["kv_available"] <= taken, "256 tokens of stream KV", poll=0.002)
     prompt = cached + context(3)[:330]  # ~135 tokens past the cached prefix
     out: dict = {}
     thread = threading.Thread(
@@ -163,11 +171,7 @@ def run_reserve(policy: str) -> dict:
     for i in range(STREAMS):
         eng.open_stream(f"p{i}", GREEDY, context(i))
     # until a turn is held: the streams' KV has reached the pool less the reserve
-    deadline = time.monotonic() + 120
-    while not (counters := eng.sched_counters())["turns_held_for_kv"]:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no turn held: {counters}")
-        time.sleep(0.02)
+    until_counters(eng, lambda c: c["turns_held_for_kv"], "a turn held for KV")
     plain = eng.generate(prompt=prompt, sampling_params=GREEDY)["output_ids"]
     after_plain = eng.sched_counters()
     results: dict[int, dict] = {}
