@@ -1090,6 +1090,9 @@ class StreamManager:
                 plan = self._final_plan(stream, stream.held)
                 unprefilled = len(plan.delta)
                 final = await self._turn(stream, plan, params, rid, sink, base)
+            # what the final turn itself prefilled bounds it: its tokens that SGLang found in
+            # the prefix cache (another request's KV of the same text) were not left to do
+            unprefilled = min(unprefilled, _prefilled_by(final, unprefilled))
             if keep_open:  # before the last output reaches the client, who may go on at once
                 self._keep_open(stream, list(final.get("output_ids") or []))
             else:  # generation ended: the KV goes now, not when the reader is done
@@ -1215,3 +1218,13 @@ def sched_counters_from(states: Any) -> dict | None:
         if isinstance(state, dict) and isinstance(state.get("s2l_sched"), dict):
             return dict(state["s2l_sched"])
     return None
+
+
+def _prefilled_by(out: dict, default: int) -> int:
+    """The prompt tokens a finished turn prefilled (its prompt less SGLang's cached tokens, as
+    `_turn` counts them), or `default` where its output does not say."""
+    meta = out.get("meta_info") or {}
+    prompt, cached = meta.get("prompt_tokens"), meta.get("cached_tokens")
+    if not isinstance(prompt, int) or not isinstance(cached, int):
+        return default
+    return max(0, prompt - cached)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import fresh_salt
 from tests.integration.test_speculative import queued_behind_plain
 from tests.integration.test_streams import CONTEXT, GREEDY, QUESTION, reference
 
@@ -19,14 +20,21 @@ pytestmark = pytest.mark.engine
 MORE = " ".join(f"fact-{k}" for k in range(400))  # ~1,200 tokens: a 512-token turn and more
 
 
-async def finish_with_turn_in_flight(engine, sid: str) -> dict:
-    """Open `sid`, let it prefill, append MORE, and finish once the append's first turn has
+def fresh_more() -> str:
+    """MORE behind a new mark: text no earlier request or closed stream put in the prefix
+    cache, so what a final turn prefills is all its own (`unprefilled_at_finish` leaves out
+    prefix-cache hits)."""
+    return f"[{fresh_salt()}] {MORE}"
+
+
+async def finish_with_turn_in_flight(engine, sid: str, more: str) -> dict:
+    """Open `sid`, let it prefill, append `more`, and finish once the append's first turn has
     gone to the scheduler (it is in flight at the finish). Returns the last output."""
     mgr = engine.streams
     tm = engine.engine.tokenizer_manager
     await mgr.open(sid, GREEDY, CONTEXT)
     await mgr.wait_prefilled(sid)
-    await mgr.append(sid, MORE)
+    await mgr.append(sid, more)
     stream = mgr.streams[sid]
     while stream.inflight_rid not in tm.rid_to_state:  # the append's turn is sent
         await asyncio.sleep(0.005)
@@ -40,17 +48,18 @@ def test_the_final_turn_is_sent_built_on_the_turn_in_flight(engine):
     """The final turn goes without waiting for the turn in flight, carrying only what that turn
     does not; SGLang ingests it between steps, so it finds that turn ended, in most cases."""
     before = engine.sched_counters()
-    out = engine._call(finish_with_turn_in_flight(engine, "pipe-sent"))
+    more = fresh_more()
+    out = engine._call(finish_with_turn_in_flight(engine, "pipe-sent", more))
     after = engine.sched_counters()
     assert after["finals_pipelined"] == before["finals_pipelined"] + 1, (before, after)
     assert after["finals_rebased"] == before["finals_rebased"]
     assert after["finals_parked_now"] == 0
     assert after["hook_errors"] == 0
     meta = out["meta_info"]["stream"]
-    # the final turn carried only what the turn in flight did not: the rest of MORE and QUESTION
-    assert 0 < meta["unprefilled_at_finish"] < len(engine.tokenizer.encode(MORE + QUESTION))
+    # the final turn carried only what the turn in flight did not: the rest of more and QUESTION
+    assert 0 < meta["unprefilled_at_finish"] < len(engine.tokenizer.encode(more + QUESTION))
     assert meta["promoted"] == meta["cancelled"] == 0, meta
-    assert out["output_ids"] == reference(engine, CONTEXT + MORE + QUESTION)["output_ids"]
+    assert out["output_ids"] == reference(engine, CONTEXT + more + QUESTION)["output_ids"]
 
 
 async def read_final(gen, stream, meanwhile=None) -> Any:
@@ -67,15 +76,15 @@ async def read_final(gen, stream, meanwhile=None) -> Any:
         return exc
 
 
-async def finish_queued(engine, sid: str, before_final=None) -> tuple[Any, bool]:
-    """Open `sid` and let it prefill; append MORE while a long plain request runs, so that the
+async def finish_queued(engine, sid: str, more: str = MORE, before_final=None) -> tuple[Any, bool]:
+    """Open `sid` and let it prefill; append `more` while a long plain request runs, so that the
     append's turn waits in the queue; finish. `before_final(stream)` runs once the finish has
     decided to pipeline, before the final turn goes. Returns (the last output, or the
     exception the reader got; whether the turn was queued when sent)."""
     mgr = engine.streams
     await mgr.open(sid, GREEDY, CONTEXT)
     await mgr.wait_prefilled(sid)
-    plain, queued = await queued_behind_plain(engine, sid, lambda: mgr.append(sid, MORE))
+    plain, queued = await queued_behind_plain(engine, sid, lambda: mgr.append(sid, more))
     stream = mgr.streams[sid]
     gen = await mgr.finish(sid, QUESTION)
     if before_final is not None:  # the final turn goes at the reader's first call
@@ -93,7 +102,8 @@ def test_a_queued_turn_is_merged_into_the_final_turn(engine):
     (`finals_merged`). (Before, the final turn was parked behind it, and under memory pressure
     such a turn, a volatile tail ranked after all other work, held finals for up to 2.6 s.)"""
     before = engine.sched_counters()
-    out, queued = engine._call(finish_queued(engine, "pipe-merge"))
+    more = fresh_more()
+    out, queued = engine._call(finish_queued(engine, "pipe-merge", more))
     after = engine.sched_counters()
     assert queued, "the plain request ended before the stream's turn was sent"
     assert after["finals_merged"] == before["finals_merged"] + 1, (before, after)
@@ -102,11 +112,11 @@ def test_a_queued_turn_is_merged_into_the_final_turn(engine):
     assert after["turns_promoted"] == before["turns_promoted"], (before, after)
     assert after["hook_errors"] == 0
     meta = out["meta_info"]["stream"]
-    more = len(engine.tokenizer.encode(MORE, add_special_tokens=False))
+    n_more = len(engine.tokenizer.encode(more, add_special_tokens=False))
     assert meta["promoted"] > 0 and meta["cancelled"] == 0, meta
     # none of MORE was prefilled when the final chunk came: the queued turn's part neither
-    assert meta["unprefilled_at_finish"] >= more - 2, (meta, more)
-    assert out["output_ids"] == reference(engine, CONTEXT + MORE + QUESTION)["output_ids"]
+    assert meta["unprefilled_at_finish"] >= n_more - 2, (meta, n_more)
+    assert out["output_ids"] == reference(engine, CONTEXT + more + QUESTION)["output_ids"]
 
 
 def merged_once(engine, finish: Any, why: str) -> dict:

@@ -56,6 +56,21 @@ def test_append_stream_output_equals_non_streaming(engine):
     assert 0.0 <= stream["waited_for_turn_s"] <= stream["ttft_s"]
 
 
+def test_unprefilled_at_finish_leaves_out_what_the_prefix_cache_held(engine):
+    """A stream whose whole context comes with its finish, text that a plain request put in
+    the prefix cache just before: the final turn prefills only what SGLang did not find there,
+    and `unprefilled_at_finish` says that much (it counted the whole prompt before), as the
+    benchmark's other modes count it (prompt less SGLang's cached tokens)."""
+    text = f"Note {fresh_salt()}: " + CONTEXT + QUESTION  # no earlier request's KV matches it
+    engine.generate(prompt=text, sampling_params=GREEDY)  # default namespace, as streams'
+    engine.open_stream("cached-1", GREEDY)
+    out = engine.finish("cached-1", text)
+    stream = out["meta_info"]["stream"]
+    assert stream["reused"] > 0, stream  # the prefix cache held part of it
+    assert stream["prefilled"] < out["meta_info"]["prompt_tokens"]
+    assert stream["unprefilled_at_finish"] == stream["prefilled"], stream
+
+
 def test_update_stream_output_equals_non_streaming(engine):
     docs = [
         "Berlin is the capital of Germany. ",
