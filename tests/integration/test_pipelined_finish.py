@@ -114,7 +114,7 @@ def test_a_queued_turn_is_merged_into_the_final_turn(engine):
     meta = out["meta_info"]["stream"]
     n_more = len(engine.tokenizer.encode(more, add_special_tokens=False))
     assert meta["promoted"] > 0 and meta["cancelled"] == 0, meta
-    # none of MORE was prefilled when the final chunk came: the queued turn's part neither
+    # none of `more` was prefilled when the final chunk came: the queued turn's part neither
     assert meta["unprefilled_at_finish"] >= n_more - 2, (meta, n_more)
     assert out["output_ids"] == reference(engine, CONTEXT + more + QUESTION)["output_ids"]
 
