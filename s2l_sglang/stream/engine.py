@@ -42,9 +42,9 @@ class StreamEngine:
         quiet stream is aborted (None: never). `speculative_chunk`: most new tokens per
         prefill turn of a context not yet final, and per prefill step (a final context waits
         behind at most that much; None: 256 on a CPU host, 512 on a GPU).
-        `speculative_reserve`: KV tokens that such prefill leaves free for final contexts and plain requests (None: the
-        largest seen, at most half the pool). `hold_back`: in update mode, the
-        tail a refinement rewrote is prefilled only at the lowest priority, and
+        `speculative_reserve`: KV tokens that such prefill leaves free for final contexts and
+        plain requests (None: the largest seen, at most half the pool). `hold_back`: in update
+        mode, the tail a refinement rewrote is prefilled only at the lowest priority, and
         `hold_back_settle`: once the stream has been quiet for a while (at most that many
         seconds; see `StreamConfig`). `pipelined_finish`: a finish sends the final turn at
         once, and the scheduler holds it until the turn in flight ends (False: the manager
