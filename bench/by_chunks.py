@@ -16,7 +16,11 @@ of queries that had none prefilled then. For a stream that is the speculative wo
 context found done when it became final; for the other modes it is the final request's
 prefix-cache hit, which for SGLang's `sessions` is taken when the last turn is sent, after
 every earlier turn returned (`bench.harness.modes`), so all earlier chunks count by
-construction.
+construction. For streams, also how many finals carried a speculative turn of their stream
+that was still queued when the context became final (the stream counter `promoted`, in each
+record's `extra` since 2026-12-07; "-" for records without it, and for the other modes):
+speculative work the scheduler had kept behind committed work (other streams' final turns,
+plain requests) until then.
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ def table(result: dict, seed: int = 0) -> list[str]:
         groups.setdefault((run["workload"], run["rate"], run["mode"]), []).append(run)
     lines = [
         "| workload | QPS | mode | queries | n | speedup p50 [95% CI] | p95 "
-        "| prefilled ahead, mean tok | none ahead |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|",
+        "| prefilled ahead, mean tok | none ahead | final carried a queued turn |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for (workload, rate, mode), runs in sorted(groups.items()):
         base_runs = groups.get((workload, rate, BASELINE))
@@ -60,7 +64,7 @@ def table(result: dict, seed: int = 0) -> list[str]:
             lines.append(
                 f"| {workload} | {rate:g} | `{mode}` | {group} | {len(ours)} | "
                 + " | ".join(map(fmt_speedup, cis))
-                + f" | {mean_ahead} | {none} |"
+                + f" | {mean_ahead} | {none} | {carried(runs, accept)} |"
             )
     return lines
 
@@ -83,6 +87,22 @@ def ahead(runs: list[dict], accept: Callable[[int], bool]) -> tuple[str, str]:
     if not done:
         return "-", "-"
     return f"{sum(done) / len(done):,.0f}", f"{sum(1 for d in done if d <= 0)} of {len(done)}"
+
+
+def carried(runs: list[dict], accept: Callable[[int], bool]) -> str:
+    """Over the answered records of `runs` whose chunk count `accept`s and that say it (a
+    stream's `extra["promoted"]`): how many finals carried tokens of a speculative turn still
+    queued at the finish, as "k of n" ("-" where no record says)."""
+    promoted = [
+        (q.get("extra") or {}).get("promoted")
+        for run in runs
+        for q in run["queries"]
+        if accept(q.get("chunks", 0)) and q.get("error") is None
+    ]
+    known = [p for p in promoted if p is not None]
+    if not known:
+        return "-"
+    return f"{sum(1 for p in known if p > 0)} of {len(known)}"
 
 
 def main(argv: list[str] | None = None) -> None:

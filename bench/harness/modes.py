@@ -266,6 +266,8 @@ class Stream(Mode):
         rec.unprefilled_at_finish = stream.get("unprefilled_at_finish")
         rec.extra["engine_ttft_s"] = stream.get("ttft_s")
         rec.extra["waited_for_turn_s"] = stream.get("waited_for_turn_s")
+        # tokens of a speculative turn still queued at the finish, carried by the final turn
+        rec.extra["promoted"] = stream.get("promoted")
 
 
 @register("stream-nopub")

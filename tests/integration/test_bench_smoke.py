@@ -13,6 +13,7 @@ from bench.harness.presets import Preset, WorkloadSpec
 from bench.harness.report import write_all
 from bench.harness.runner import run_bench
 from bench.micro_chunk import measure
+from bench.turn_trace import read_events, record_turns, summary
 
 pytestmark = pytest.mark.engine
 
@@ -78,6 +79,8 @@ def test_bench_interleaves_modes_and_policies_on_one_engine(engine, tmp_path):
     for q in (q for r in runs if r["mode"].startswith("stream") for q in r["queries"]):
         assert q["prompt_tokens"] == wait[q["query"]]["prompt_tokens"] > 0
         assert q["output_tokens"] == 1
+        # the stream's counters reach the record: a queued turn the final carried, or none
+        assert isinstance(q["extra"]["promoted"], int) and q["extra"]["promoted"] >= 0
 
     paths = write_all(result, tmp_path)
     data = orjson.loads((tmp_path / "results.json").read_bytes())
@@ -131,3 +134,21 @@ def test_micro_chunk_measures_each_append_on_the_engine(engine):
     assert all(p["call_s"] > 0 for p in curves["stream"])
     assert all(p["call_s"] is None for p in curves["warming"])
     assert [p["context_tokens"] for p in curves["warming"]] == [32, 64, 96]
+
+
+def test_turn_trace_records_each_turn_of_a_stream(engine, tmp_path):
+    path = tmp_path / "turns.jsonl"
+    restore = record_turns(path)
+    try:
+        engine.open_stream("traced-1", {"max_new_tokens": 1}, "The quick brown fox " * 30)
+        out = engine.finish("traced-1", "jumps over the lazy dog. What jumps?")
+    finally:
+        restore()
+    events = [e for e in read_events(path) if e["sid"] == "traced-1"]
+    contexts = [e["ctx"] for e in events if "ctx" in e]
+    turns = [e for e in events if "rid" in e]
+    assert contexts and contexts[-1] == out["meta_info"]["prompt_tokens"]
+    assert turns[-1]["final"] and turns[-1]["ran"] and turns[-1]["t1"] >= turns[-1]["t0"]
+    turns_total = out["meta_info"]["stream"]["turns"]
+    assert len(turns) == turns_total  # every turn the stream counted, once
+    assert summary(events)["finals"] == 1

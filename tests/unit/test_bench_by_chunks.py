@@ -70,10 +70,22 @@ def test_prefilled_ahead_is_the_mean_over_records_and_counts_those_with_none():
          "prompt_tokens": 1000, "unprefilled_at_finish": 1000}
     )  # fmt: skip
     rows = _rows(by_chunks.table(result))
-    assert rows["2+ chunks"][3:] == ["540", "2 of 20"]  # 18 * 600 / 20
-    assert rows["1 chunk"][3:] == ["0", "19 of 19"]
-    assert rows["all"][3:] == ["277", "21 of 39"]  # 10,800 / 39
+    assert rows["2+ chunks"][3:5] == ["540", "2 of 20"]  # 18 * 600 / 20
+    assert rows["1 chunk"][3:5] == ["0", "19 of 19"]
+    assert rows["all"][3:5] == ["277", "21 of 39"]  # 10,800 / 39
     result["runs"][1]["queries"] = [q for q in result["runs"][1]["queries"] if q["query"][0] == "a"]
     for q in result["runs"][1]["queries"]:
         q.pop("unprefilled_at_finish", None)
-    assert _rows(by_chunks.table(result))["1 chunk"][3:] == ["-", "-"]
+    assert _rows(by_chunks.table(result))["1 chunk"][3:5] == ["-", "-"]
+
+
+def test_finals_that_carried_a_queued_turn_are_counted_where_records_say():
+    result = _result()
+    assert _rows(by_chunks.table(result))["2+ chunks"][5] == "-"  # no record says
+    for q in result["runs"][1]["queries"]:
+        q["extra"] = {"promoted": 256 if q["query"] in ("b0", "b1", "b2") else 0}
+    result["runs"][1]["queries"][5]["extra"] = {}  # a5: not known
+    rows = _rows(by_chunks.table(result))
+    assert rows["2+ chunks"][5] == "3 of 20"
+    assert rows["1 chunk"][5] == "0 of 19"
+    assert rows["all"][5] == "3 of 39"
