@@ -29,7 +29,11 @@ _ATTR = "_s2l_config"
 #: crawler at 0.4 QPS, two seeds x 3 interleaved repeats each, bench/results/README.md
 #: "speculative_chunk 256 on a CPU"): against SGLang's streaming sessions in the same runs,
 #: 256 over 512 was 1.03x [0.96, 1.10] at p50, 1.13x [1.03, 1.27] at p95, 1.21x [1.01, 1.41]
-#: at p99. GPU: 512, the earlier default on every device; no GPU run has measured it.
+#: at p99; at 1.0 QPS 512 was no better against prefix warming and 0.92x [0.74, 0.98] of 256's
+#: speedup over waiting at p50 ("crawler-cap512-r3-01fc975"). 256 is also about where a
+#: step's tokens cost as much as its fixed part there (62-64 ms + 0.27-0.28 ms a token:
+#: 218-239 tokens, `python -m bench.prefill_probe`). GPU: 512, the earlier default on every
+#: device; no GPU run has measured it.
 SPECULATIVE_CHUNK_CPU = 256
 SPECULATIVE_CHUNK_GPU = 512
 
