@@ -31,13 +31,7 @@ def step_fit(prefill_s: Mapping[int, float], step_tokens: int | None = None) -> 
     points = sorted((n, s) for n, s in prefill_s.items() if step_tokens is None or n <= step_tokens)
     if len(points) < 2:
         return None
-    mean_n = statistics.fmean(n for n, _ in points)
-    mean_s = statistics.fmean(s for _, s in points)
-    var = sum((n - mean_n) ** 2 for n, _ in points)
-    if var == 0:
-        return None
-    per_token = sum((n - mean_n) * (s - mean_s) for n, s in points) / var
-    fixed = mean_s - per_token * mean_n
+    per_token, fixed = statistics.linear_regression(*zip(*points, strict=True))
     return {
         "fixed_s": round(fixed, 4),
         "per_token_ms": round(per_token * 1000, 4),

@@ -10,8 +10,8 @@ in-process engine, where the stream manager lives) with `StreamManager._turn` an
 "delta", "t0", "t1", "cached", "ran"}`; `t0` when the manager sent it, `t1` when it ended, on
 the monotonic clock; `ran`: SGLang finished it, False for a turn cancelled or carried by the
 final turn while still queued). It changes nothing the engine does; the wrapper costs two
-clock reads and one line of JSON a turn. Only a diagnosis tool: what it writes is not part of
-the results.
+clock reads and one line of JSON a turn or context. A diagnosis tool: the harness and its
+reports never read the trace.
 
 `--summary` prints, from such a file, the speculative turns that ran and those still queued
 when their stream's final turn was sent (the final carried their tokens), with how long those
