@@ -61,7 +61,6 @@ def main() -> None:
     result: dict = {"engine_start_s": round(time.perf_counter() - t0, 1), "prefill_s": {}}
     try:
         eng.generate(input_ids=[100] * 64, sampling_params={"max_new_tokens": 1})  # warm up
-        tm = eng.engine.tokenizer_manager
         step_tokens = eng.engine.server_args.chunked_prefill_size
         result["engine"] = {
             "dtype": eng.engine.server_args.dtype,
@@ -71,7 +70,8 @@ def main() -> None:
         for n in args.tokens:
             times = []
             for r in range(args.repeats):
-                eng._call(tm.flush_cache())
+                if not eng.flush_cache(timeout_s=60.0):  # else a cached prefix would count
+                    raise RuntimeError("the prefix cache could not be emptied")
                 ids = [(i * 7 + r) % 40000 + 100 for i in range(n)]
                 start = time.perf_counter()
                 eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})

@@ -229,9 +229,12 @@ class StreamEngine:
 
     # ---- engine state -----------------------------------------------------------------------
 
-    def flush_cache(self) -> bool:
-        """Empty SGLang's prefix cache (refused by SGLang while requests run)."""
-        return bool(self._call(self.engine.tokenizer_manager.flush_cache()).success)
+    def flush_cache(self, timeout_s: float | None = None) -> bool:
+        """Empty SGLang's prefix cache; False if SGLang refused. SGLang refuses while requests
+        run, also a moment after the last one returned; `timeout_s`: wait up to that many
+        seconds for the engine to go idle first (SGLang's deferred flush)."""
+        tm = self.engine.tokenizer_manager
+        return bool(self._call(tm.flush_cache(timeout_s=timeout_s)).success)
 
     def set_stream_policy(self, name: str) -> None:
         """Switch the scheduler's stream policy at run time (from its next scheduling step);
