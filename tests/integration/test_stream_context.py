@@ -10,6 +10,7 @@ turn timing; the engine's own tests cover it. Here the output proves the context
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 
@@ -257,3 +258,28 @@ def test_agent_loop_equals_plain_requests_over_the_same_ids(engine, backend, str
     assert counters["reused"] >= len(prompt1) + len(plain1["output_ids"]) - counters["turns"]
     with pytest.raises(StreamClosed, match="aborted"):  # the program's end aborted it
         engine.status(sid)
+
+
+@pytest.mark.engine
+def test_backend_flush_cache_waits_for_the_request_that_runs(engine, backend):
+    """`flush_cache` while a request runs: SGLang refuses then; the backend waits for the
+    engine to go idle and flushes, so the same prompt afterwards finds nothing cached."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    tm = engine.engine.tokenizer_manager
+    ids = [654] * 200
+    running = threading.Event()
+
+    async def run() -> None:
+        params = {"max_new_tokens": 16, "ignore_eos": True}
+        req = GenerateReqInput(input_ids=ids, sampling_params=params, stream=True)
+        async for out in tm.generate_request(req, None):
+            if out.get("output_ids"):
+                running.set()
+
+    done = asyncio.run_coroutine_threadsafe(run(), engine.loop)
+    assert running.wait(120)
+    backend.flush_cache()
+    done.result(120)
+    again = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})
+    assert again["meta_info"]["cached_tokens"] == 0
