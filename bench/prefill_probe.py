@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=0)
     args = parser.parse_args()
 
-    from s2l_sglang.stream.engine import StreamEngine
+    from s2l_sglang.stream.engine import StreamEngine, flush_when_idle
 
     engine_args = {"log_level": "error"}
     if args.dtype:
@@ -61,6 +61,7 @@ def main() -> None:
     result: dict = {"engine_start_s": round(time.perf_counter() - t0, 1), "prefill_s": {}}
     try:
         eng.generate(input_ids=[100] * 64, sampling_params={"max_new_tokens": 1})  # warm up
+        tm = eng.engine.tokenizer_manager
         step_tokens = eng.engine.server_args.chunked_prefill_size
         result["engine"] = {
             "dtype": eng.engine.server_args.dtype,
@@ -70,8 +71,7 @@ def main() -> None:
         for n in args.tokens:
             times = []
             for r in range(args.repeats):
-                if not eng.flush_cache(timeout_s=60.0):  # else a cached prefix would count
-                    raise RuntimeError("the prefix cache could not be emptied")
+                eng._call(flush_when_idle(tm))  # else a cached prefix would count
                 ids = [(i * 7 + r) % 40000 + 100 for i in range(n)]
                 start = time.perf_counter()
                 eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})

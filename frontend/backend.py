@@ -27,9 +27,6 @@ from sglang.lang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR, SglSam
 from frontend.client import StreamClient
 from frontend.errors import error_from_stream_error
 
-#: seconds `StreamEngineBackend.flush_cache` waits for the engine to go idle
-FLUSH_TIMEOUT_S = 60.0
-
 
 class StreamOps(Protocol):
     """One backend's stream commands, called from the executor thread."""
@@ -283,9 +280,9 @@ class StreamEngineBackend(BaseBackend):
             yield piece, out["meta_info"]
 
     def flush_cache(self) -> None:
-        """Empty SGLang's prefix cache (as `sgl.flush_cache`): once the engine is idle (SGLang
-        refuses while a request runs, also a moment after the last one returned), within
-        `FLUSH_TIMEOUT_S`; a RuntimeError if SGLang still refuses, as SGLang's own backend
-        fails on a refused `/flush_cache`."""
-        if not self.engine.flush_cache(timeout_s=FLUSH_TIMEOUT_S):
-            raise RuntimeError("SGLang refused to flush the prefix cache: requests still run")
+        """Empty SGLang's prefix cache (as `sgl.flush_cache`) once the engine is idle; a
+        RuntimeError if SGLang still refuses (`flush_when_idle`), as SGLang's own backend fails
+        on a refused `/flush_cache`."""
+        from s2l_sglang.stream.engine import flush_when_idle
+
+        self.engine._call(flush_when_idle(self.engine.engine.tokenizer_manager))

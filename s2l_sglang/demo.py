@@ -64,20 +64,6 @@ async def _timed_request(tm: Any, input_ids: list[int], params: dict) -> tuple[f
     return (first if first is not None else time.perf_counter() - start), out
 
 
-#: seconds a flush between scenarios waits for the engine to go idle
-FLUSH_TIMEOUT_S = 60.0
-
-
-async def _flush(tm: Any) -> None:
-    """Empty the prefix cache between scenarios, once the engine is idle. SGLang refuses a
-    flush while a request runs, also a moment after the last one returned; unchecked, a
-    refused flush left the whole prompt cached and the next scenario's TTFT was a decode
-    step's (prefix warming at 0.10 s against a lower bound of 0.64 s)."""
-    result = await tm.flush_cache(timeout_s=FLUSH_TIMEOUT_S)
-    if not result.success:
-        raise RuntimeError(f"could not empty the prefix cache between scenarios: {result.message}")
-
-
 async def _arrivals(chunks: list[str], gap: float):
     """Yield (index, chunk) in real time, `gap` seconds apart (the first at once)."""
     start = time.perf_counter()
@@ -89,15 +75,20 @@ async def _arrivals(chunks: list[str], gap: float):
 
 
 async def run_scenarios(engine: Any, chunks: list[str], gap: float, params: dict) -> dict:
+    """The four scenarios on `engine`, each from an empty prefix cache: name -> (TTFT s,
+    final output). A flush SGLang refused would leave the previous one's prompt cached
+    (prefix warming once showed 0.10 s against a lower bound of 0.64 s)."""
+    from s2l_sglang.stream.engine import flush_when_idle
+
     tm = engine.engine.tokenizer_manager
     encode = engine.streams._tokenize
     full_ids = encode("".join(chunks) + QUESTION)
     results: dict[str, Any] = {}
 
-    await _flush(tm)
+    await flush_when_idle(tm)
     results["wait"] = await _timed_request(tm, full_ids, params)  # after all chunks arrived
 
-    await _flush(tm)
+    await flush_when_idle(tm)
     warmers = []
     async for i, _ in _arrivals(chunks, gap):
         if i < len(chunks) - 1:
@@ -106,7 +97,7 @@ async def run_scenarios(engine: Any, chunks: list[str], gap: float, params: dict
     results["warming"] = await _timed_request(tm, full_ids, params)
     await asyncio.gather(*warmers)
 
-    await _flush(tm)
+    await flush_when_idle(tm)
     sid = f"demo-{time.monotonic_ns()}"
     await engine.streams.open(sid, params)
     async for _i, chunk in _arrivals(chunks[:-1], gap):
@@ -115,7 +106,7 @@ async def run_scenarios(engine: Any, chunks: list[str], gap: float, params: dict
     final = await engine._collect(engine.streams.finish(sid, chunks[-1] + QUESTION))
     results["stream"] = (final["meta_info"]["stream"]["ttft_s"], final)
 
-    await _flush(tm)
+    await flush_when_idle(tm)
     await _timed_request(tm, encode("".join(chunks[:-1])), {"max_new_tokens": 0})
     results["bound"] = await _timed_request(tm, full_ids, params)
     return results

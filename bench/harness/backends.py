@@ -131,10 +131,8 @@ class EngineBackend:
             await self.streams.abort(sid)
 
     async def flush(self, timeout: float = 60.0) -> bool:
-        async def once() -> bool:
-            return bool((await self.tm.flush_cache()).success)
-
-        return await _retry_flush(once, timeout)
+        """SGLang's deferred flush: it waits for the engine to go idle, at most `timeout` s."""
+        return bool((await self.tm.flush_cache(timeout_s=timeout)).success)
 
     async def sched_counters(self) -> dict | None:
         """The scheduler's stream counters, if the plugin exports them (`s2l_sched`)."""

@@ -14,7 +14,20 @@ from typing import Any
 
 from s2l_sglang.stream.manager import StreamManager, sched_counters_from
 
-__all__ = ["StreamEngine", "sched_counters_from"]
+__all__ = ["FLUSH_TIMEOUT_S", "StreamEngine", "flush_when_idle", "sched_counters_from"]
+
+#: seconds `flush_when_idle` waits for the engine to go idle
+FLUSH_TIMEOUT_S = 60.0
+
+
+async def flush_when_idle(tokenizer_manager: Any, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+    """Empty SGLang's prefix cache once the engine is idle (SGLang's deferred flush): SGLang
+    refuses a flush while a request runs, also a moment after the last one returned, and a
+    refused flush leaves the cache full. A RuntimeError if SGLang still refuses after
+    `timeout_s` seconds. Run it on the engine's event loop."""
+    result = await tokenizer_manager.flush_cache(timeout_s=timeout_s)
+    if not result.success:
+        raise RuntimeError(f"SGLang refused to flush the prefix cache: {result.message}")
 
 
 class StreamEngine:
@@ -229,12 +242,10 @@ class StreamEngine:
 
     # ---- engine state -----------------------------------------------------------------------
 
-    def flush_cache(self, timeout_s: float | None = None) -> bool:
-        """Empty SGLang's prefix cache; False if SGLang refused. SGLang refuses while requests
-        run, also a moment after the last one returned; `timeout_s`: wait up to that many
-        seconds for the engine to go idle first (SGLang's deferred flush)."""
-        tm = self.engine.tokenizer_manager
-        return bool(self._call(tm.flush_cache(timeout_s=timeout_s)).success)
+    def flush_cache(self) -> bool:
+        """Empty SGLang's prefix cache (refused by SGLang while requests run; `flush_when_idle`
+        waits for them)."""
+        return bool(self._call(self.engine.tokenizer_manager.flush_cache()).success)
 
     def set_stream_policy(self, name: str) -> None:
         """Switch the scheduler's stream policy at run time (from its next scheduling step);

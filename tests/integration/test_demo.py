@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from s2l_sglang.demo import QUESTION, _flush, _timed_request, build_chunks, run_scenarios
+from s2l_sglang.demo import QUESTION, _timed_request, build_chunks, run_scenarios
+from s2l_sglang.stream.engine import flush_when_idle
 
 pytestmark = pytest.mark.engine
 
@@ -36,7 +37,8 @@ def test_demo_scenarios_each_start_from_an_empty_prefix_cache(engine):
 
 def test_a_flush_sent_while_a_request_runs_empties_the_cache_once_it_ends(engine):
     """SGLang refuses a flush while a request runs (also a moment after its output returned);
-    the demo's flush waits for the engine to go idle instead of leaving the cache full."""
+    `flush_when_idle` (the demo's) waits for the engine to go idle instead of leaving the
+    cache full."""
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     tm = engine.engine.tokenizer_manager
@@ -48,7 +50,7 @@ def test_a_flush_sent_while_a_request_runs_empties_the_cache_once_it_ends(engine
         req = GenerateReqInput(input_ids=ids, sampling_params=params, stream=True)
         async for out in tm.generate_request(req, None):
             if flush is None and out.get("output_ids"):  # running: its first token is out
-                flush = asyncio.ensure_future(_flush(tm))
+                flush = asyncio.ensure_future(flush_when_idle(tm))
         await flush
         _, again = await _timed_request(tm, ids, {"max_new_tokens": 1})
         return again["meta_info"]["cached_tokens"]
