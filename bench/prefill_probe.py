@@ -8,7 +8,9 @@ prefill-only request (max_new_tokens=0) with an empty prefix cache. With two or 
 that each fit one prefill step (at most `--chunked-prefill-size`), also the least-squares line
 through them, `step_fit`: a step's fixed cost (`fixed_s`), the cost of each token in it
 (`per_token_ms`), and `break_even_tokens`, the step size at which its tokens cost as much as
-its fixed part. That is what a cap on a step's speculative tokens (`speculative_chunk`) trades:
+its fixed part, and `speculative_chunk`, the chunk that `s2l profile` gives a profile whose
+points these are (`sched.costmodel.chunk_for_step`: the size that takes twice the smallest).
+That is what a cap on a step's speculative tokens (`speculative_chunk`) trades:
 a smaller cap bounds how long a final context waits behind a speculative step, and spends a
 larger share of each speculative step on the fixed part. `--decode-tokens N`: also the median
 time of one decode step (a 16-token prompt generating N + 1 tokens, less one generating 1,
@@ -24,6 +26,8 @@ from collections.abc import Mapping
 
 import orjson
 
+from s2l_sglang.sched.costmodel import chunk_for_step
+
 
 def step_fit(prefill_s: Mapping[int, float], step_tokens: int | None = None) -> dict | None:
     """The least-squares line `seconds = fixed_s + per_token * tokens` through the lengths that
@@ -36,6 +40,7 @@ def step_fit(prefill_s: Mapping[int, float], step_tokens: int | None = None) -> 
         "fixed_s": round(fixed, 4),
         "per_token_ms": round(per_token * 1000, 4),
         "break_even_tokens": round(fixed / per_token) if per_token > 0 else None,
+        "speculative_chunk": chunk_for_step(points, 1, step_tokens),
         "lengths": [n for n, _ in points],
     }
 

@@ -64,6 +64,12 @@ def _cmd_profile(args: argparse.Namespace, rest: list[str]) -> int:
             f"{n:>5} tokens: recompute {model.recompute(n) * 1e3:8.2f} ms, "
             f"swap {model.swap(n) * 1e3:8.2f} ms -> {model.choose(n)}"
         )
+    chunk = model.speculative_chunk()
+    if chunk is not None:
+        print(
+            f"speculative_chunk {chunk} (the prefill that takes twice the smallest one's time; "
+            f"at most the serving engine's chunked_prefill_size)"
+        )
     print(path)
     return 0
 
@@ -147,11 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     profile = sub.add_parser(
         "profile",
-        help="measure the preemption cost model (recompute vs swap) on this hardware",
+        help="measure the preemption cost model (recompute vs swap) and the prefill step on "
+        "this hardware",
         description="Start an engine, time recompute (prefill) and swap-out plus swap-in over "
         "token counts from 16 to the context length, fit piecewise-linear curves and save them "
         "as JSON keyed by model, device, dtype, tp and page size ($S2L_PROFILE_DIR or "
-        "~/.cache/stream2llm-sglang/profiles). The server loads the matching profile.",
+        "~/.cache/stream2llm-sglang/profiles), with the engine's prefill step size. The server "
+        "loads the matching profile for preemption, and, unless --stream-speculative-chunk is "
+        "given, takes its speculative chunk from the prefills that took one step.",
     )
     profile.add_argument("--model-path", help="default: the embedded model")
     profile.add_argument("--dtype", help="default: float32 on a CPU")

@@ -33,7 +33,8 @@ _ATTR = "_s2l_config"
 #: speedup over waiting at p50 ("crawler-cap512-r3-01fc975"). 256 is also about where a
 #: step's tokens cost as much as its fixed part there (62-64 ms + 0.27-0.28 ms a token:
 #: 218-239 tokens, `python -m bench.prefill_probe`). GPU: 512, the earlier default on every
-#: device; no GPU run has measured it.
+#: device; no GPU run has measured it. A saved profile that recorded its prefill step gives
+#: the chunk instead (`with_measured_chunk`).
 SPECULATIVE_CHUNK_CPU = 256
 SPECULATIVE_CHUNK_GPU = 512
 
@@ -80,8 +81,13 @@ class StreamConfig:
     #: most new tokens in one prefill turn of a context that is not final (speculative work),
     #: and in one prefill step, however many such turns wait (`sched.decide.cap_step`): a
     #: final context or a plain request waits behind at most this much of it. Default
-    #: `default_speculative_chunk()`: 256 on a CPU host, 512 on a GPU
+    #: `default_speculative_chunk()`: 256 on a CPU host, 512 on a GPU; or, where this setup's
+    #: saved cost profile measured the prefill step (`s2l profile`), the chunk chosen from it
+    #: (`with_measured_chunk`)
     speculative_chunk: int = dataclasses.field(default_factory=default_speculative_chunk)
+    #: where `speculative_chunk` came from: "default" (the device's), "given" (by the user), or
+    #: "profile <path>" (measured, `with_measured_chunk`)
+    speculative_chunk_source: str = "default"
     #: KV tokens that speculative work (prefill of contexts not final) leaves free for
     #: committed work (final turns, plain requests); None: the largest committed request seen
     #: waiting in the last `RESERVE_WINDOW_S` (60) seconds (its prompt and output budget, at
@@ -214,12 +220,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stream-speculative-chunk",
         dest="speculative_chunk",
         type=int,
-        default=d.speculative_chunk,
+        default=None,
         metavar="TOKENS",
         help="most new tokens in one prefill turn of a context that is not final, and in "
         "one prefill step; a final context waits behind at most this much such work "
-        f"(default: {SPECULATIVE_CHUNK_CPU} on a CPU host, {SPECULATIVE_CHUNK_GPU} on a GPU; "
-        "here %(default)s)",
+        "(default: chosen from the prefill step measured by `s2l profile` for this setup, "
+        f"else {SPECULATIVE_CHUNK_CPU} on a CPU host, {SPECULATIVE_CHUNK_GPU} on a GPU; "
+        f"here {d.speculative_chunk} without a profile)",
     )
     group.add_argument(
         "--stream-speculative-reserve",
@@ -270,8 +277,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> StreamConfig:
     """The config of parsed `add_arguments` flags (a ValueError if a value is invalid)."""
-    names = [f.name for f in dataclasses.fields(StreamConfig)]
-    return StreamConfig(**{name: getattr(args, name) for name in names})
+    names = [f.name for f in dataclasses.fields(StreamConfig) if hasattr(args, f.name)]
+    values = {name: getattr(args, name) for name in names}
+    if values.get("speculative_chunk") is None:  # not given: the device default (or measured)
+        values.pop("speculative_chunk", None)
+    else:
+        values["speculative_chunk_source"] = "given"
+    return StreamConfig(**values)
 
 
 def split_argv(argv: list[str]) -> tuple[StreamConfig, list[str]]:
@@ -284,6 +296,36 @@ def split_argv(argv: list[str]) -> tuple[StreamConfig, list[str]]:
     except ValueError as exc:
         parser.error(str(exc))
         raise  # not reached
+
+
+# ---- a speculative chunk measured on this hardware --------------------------------------------
+
+
+def with_measured_chunk(config: StreamConfig, server_args: Any) -> StreamConfig:
+    """`config` with `speculative_chunk` taken from this setup's saved cost profile (`s2l
+    profile`; `CostModel.speculative_chunk`: the prefill that takes twice the smallest one's
+    time, in multiples of 64 tokens and of the page, at most `chunked_prefill_size`), if the
+    chunk was not given and the profile recorded its prefill step; `config` unchanged otherwise
+    (the device default). One CPU default does not fit every CPU: a 256-token prefill step took
+    0.14 s in bfloat16 on the AMX Xeon that 256 was measured on (the rule gives 256 there), and
+    0.87 s in float32 and 4.2 s in bfloat16 on a 2-core AMD EPYC without AVX-512 (192 and 64;
+    bench/results/README.md, "speculative_chunk from a profile"). Called where
+    the engine or server starts, before `attach`, so the scheduler and the stream manager use
+    one value."""
+    if config.speculative_chunk_source != "default":
+        return config
+    from s2l_sglang.sched.costmodel import find_cost_model, key_of_server_args
+
+    if str(server_args.dtype) == "auto":  # resolved from the model in the scheduler only
+        return config
+    found = find_cost_model(key_of_server_args(server_args))
+    if found is None:
+        return config
+    model, path = found
+    chunk = model.speculative_chunk(server_args.page_size or 1, server_args.chunked_prefill_size)
+    if chunk is None:
+        return config
+    return config.replace(speculative_chunk=chunk, speculative_chunk_source=f"profile {path}")
 
 
 # ---- the channel to SGLang's processes ----------------------------------------------------------

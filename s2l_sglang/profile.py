@@ -8,7 +8,10 @@
 
 Token counts go from 16 to the context length (doubling, plus the context length itself); each
 is measured `repeats` times and the fastest kept (other processes only add time); the
-recompute curve is made non-decreasing. The profile is saved as JSON keyed by
+recompute curve is made non-decreasing. The profile records the engine's prefill step
+(`chunked_prefill_size`): its recompute points up to that size each took one step, and a server
+or engine started without `--stream-speculative-chunk` takes its `speculative_chunk` from them
+(`CostModel.speculative_chunk`, `config.with_measured_chunk`). The profile is saved as JSON keyed by
 (model, device, dtype, tp, page size) into the user's profile directory; the scheduler loads the
 matching one (`sched.costmodel.find_cost_model`), searching the user's directory, then the profiles shipped
 with the package.
@@ -149,9 +152,11 @@ def run_profile(
         )
         for n, t in swap:
             log(f"  swap      {n:>6} tokens: {t * 1e3:9.2f} ms")
+        step_tokens = args.chunked_prefill_size
     finally:
         engine.shutdown()
-    model = CostModel.fit(recompute, swap, key)
+    model = CostModel.fit(recompute, swap, key, step_tokens)
+    log(f"  speculative_chunk {model.speculative_chunk(args.page_size or 1, step_tokens)}")
     path = ProfileStore(out_dir or user_profile_dir()).save(model)
     _add_provenance(path, repeats)
     return model, path
@@ -166,12 +171,24 @@ def _add_provenance(path: Path, repeats: int) -> None:
     data = json.loads(path.read_text())
     data["measured"] = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
+        "machine": f"{os.cpu_count()} CPUs, {_cpu_name() or platform.processor() or platform.machine()}",
         "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
         "repeats": repeats,
         "command": "s2l profile",
     }
     path.write_text(json.dumps(data, indent=1))
+
+
+def _cpu_name() -> str | None:
+    """The CPU's model name (Linux `/proc/cpuinfo`), or None: the same device name ("cpu")
+    covers CPUs whose speeds differ many times over."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def ensure_profile(argv: list[str]) -> None:

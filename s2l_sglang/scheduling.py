@@ -636,6 +636,7 @@ class StreamScheduling:
             **self.counters.as_dict(),
             "policy": self.policy_name,
             "publish_at_close": self.config.publish_at_close,
+            "speculative_chunk": self.config.speculative_chunk,
             "preemption": self.preemption.name if self.preemption is not None else None,
             "profile": self.profile_path,
             "host_kv_capacity": self.host.capacity_tokens if self.host is not None else 0,

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 
 import pytest
 
 from tests.helpers import StreamCalls
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests see the profiles shipped with the package only, not the ones `s2l profile` saved on
+# this machine (a saved prefill step would change the speculative chunk of every engine and
+# server the tests start: `config.with_measured_chunk`); tests that save profiles set their own.
+os.environ["S2L_PROFILE_DIR"] = tempfile.mkdtemp(prefix="s2l-test-profiles-")
 
 
 @pytest.fixture(scope="session")

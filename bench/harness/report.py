@@ -266,6 +266,7 @@ def _stream_settings(engines: list[dict]) -> str:
         return ""
     keys = (
         "speculative_chunk",
+        "speculative_chunk_source",
         "speculative_reserve",
         "hold_back",
         "pipelined_finish",

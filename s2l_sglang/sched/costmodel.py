@@ -1,4 +1,5 @@
-"""Preemption cost model: measured latency of recompute and of swap, per token count.
+"""Preemption cost model: measured latency of recompute and of swap, per token count; the
+recompute points that took one prefill step also give `speculative_chunk` (`chunk_for_step`).
 
 Each curve is piecewise linear through measured (tokens, seconds) points, extended linearly past
 both ends with the end segments' slopes (never below 0). Profiles are saved as JSON under a key
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import statistics
@@ -77,21 +79,63 @@ class ProfileKey:
         return f"{slug}__tp{self.tp_size}__page{self.page_size}__{digest[:8]}.json"
 
 
+#: `speculative_chunk` from a profile is a multiple of this many tokens (and of the page size)
+CHUNK_UNIT = 64
+
+
+def chunk_for_step(
+    points: Iterable[tuple[float, float]], page_size: int = 1, step_tokens: int | None = None
+) -> int | None:
+    """`speculative_chunk` from measured (tokens, seconds) of prefill-only requests that each
+    took one prefill step: the size whose prefill takes twice the smallest one's (interpolated
+    between the points; the largest point if none takes that long), rounded up to a multiple of
+    `CHUNK_UNIT` and of the page size, at most `step_tokens` (rounded down; None or <= 0: no
+    limit). The smallest request is about a step's fixed part, so a final context then waits
+    behind about two empty steps' time of speculative work at most, and a speculative step
+    spends about half its time or less on the fixed part: a smaller chunk would shorten the
+    wait by less than it adds fixed cost to speculative work, a larger one the other way round.
+    Read off the points, not a fitted line: on a CPU a step's cost grows faster than linearly
+    with its tokens (attention), which pulls a line's fixed part down. None with fewer than two
+    points."""
+    pts = sorted((float(n), float(t)) for n, t in points)
+    if len(pts) < 2 or pts[0][1] <= 0:
+        return None
+    target = 2 * pts[0][1]
+    size = pts[-1][0]
+    for (a, ta), (b, tb) in pairwise(pts):
+        if tb >= target:
+            size = a + (b - a) * (target - ta) / (tb - ta) if tb > ta else a
+            break
+    unit = math.lcm(CHUNK_UNIT, max(1, int(page_size)))
+    chunk = max(unit, math.ceil(size / unit) * unit)
+    if step_tokens is not None and step_tokens > 0:
+        chunk = min(chunk, max(unit, step_tokens // unit * unit))
+    return chunk
+
+
 class CostModel:
     """Latency of preempting a victim that holds `held_tokens` of KV, two ways:
     `recompute(n)`: prefill n tokens again later (the KV is just freed now);
     `swap(n)`: copy n tokens of KV to host and back (swap-out + swap-in).
     `choose(n)` picks the cheaper for THAT victim's own held tokens (ties: recompute, which
-    needs no host memory)."""
+    needs no host memory). `step_tokens`: the prefill step (`chunked_prefill_size`) of the
+    engine that measured the profile, so its recompute points up to that size each took one
+    step (`speculative_chunk`); None in profiles from before 2026-12-07, which did not record
+    it (and some of which were measured on a loaded machine)."""
 
-    __slots__ = ("key", "recompute", "swap")
+    __slots__ = ("key", "recompute", "step_tokens", "swap")
 
     def __init__(
-        self, recompute: PiecewiseLinear, swap: PiecewiseLinear, key: ProfileKey | None = None
+        self,
+        recompute: PiecewiseLinear,
+        swap: PiecewiseLinear,
+        key: ProfileKey | None = None,
+        step_tokens: int | None = None,
     ) -> None:
         self.recompute = recompute
         self.swap = swap
         self.key = key
+        self.step_tokens = step_tokens
 
     @classmethod
     def fit(
@@ -99,12 +143,22 @@ class CostModel:
         recompute: Iterable[tuple[float, float]],
         swap: Iterable[tuple[float, float]],
         key: ProfileKey | None = None,
+        step_tokens: int | None = None,
     ) -> CostModel:
         """From raw (tokens, seconds) samples of each operation, repeats allowed."""
-        return cls(PiecewiseLinear.fit(recompute), PiecewiseLinear.fit(swap), key)
+        return cls(PiecewiseLinear.fit(recompute), PiecewiseLinear.fit(swap), key, step_tokens)
 
     def choose(self, held_tokens: int) -> Choice:
         return "recompute" if self.recompute(held_tokens) <= self.swap(held_tokens) else "swap"
+
+    def speculative_chunk(self, page_size: int = 1, step_tokens: int | None = None) -> int | None:
+        """`chunk_for_step` on the recompute points that took one step, for an engine whose
+        step is `step_tokens`; None if the profile did not record its step."""
+        if self.step_tokens is None:
+            return None
+        points = [(x, y) for x, y in zip(self.recompute.xs, self.recompute.ys, strict=True)]
+        one_step = [(x, y) for x, y in points if x <= self.step_tokens]
+        return chunk_for_step(one_step, page_size, step_tokens)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -113,6 +167,7 @@ class CostModel:
                 "key": None if self.key is None else asdict(self.key),
                 "recompute": self.recompute.points(),
                 "swap": self.swap.points(),
+                **({} if self.step_tokens is None else {"step_tokens": self.step_tokens}),
             },
             indent=1,
         )
@@ -125,7 +180,8 @@ class CostModel:
         key = None if d.get("key") is None else ProfileKey(**d["key"])
         rc = PiecewiseLinear(map(tuple, d["recompute"]))
         sw = PiecewiseLinear(map(tuple, d["swap"]))
-        return cls(rc, sw, key)
+        step = d.get("step_tokens")
+        return cls(rc, sw, key, None if step is None else int(step))
 
 
 class ProfileStore:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from s2l_sglang.config import StreamConfig, attach
+from s2l_sglang.config import StreamConfig, attach, with_measured_chunk
 
 
 def launch_server(sglang_argv: list[str], config: StreamConfig) -> int:
@@ -22,6 +22,7 @@ def launch_server(sglang_argv: list[str], config: StreamConfig) -> int:
 
     load_plugins()
     server_args = prepare_server_args(sglang_argv)
+    config = with_measured_chunk(config, server_args)
     attach(server_args, config)
     try:
         run_server(server_args)

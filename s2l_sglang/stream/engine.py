@@ -54,7 +54,8 @@ class StreamEngine:
         (default: as many as 4 GiB of the model's KV holds). `idle_timeout`: seconds before a
         quiet stream is aborted (None: never). `speculative_chunk`: most new tokens per
         prefill turn of a context not yet final, and per prefill step (a final context waits
-        behind at most that much; None: 256 on a CPU host, 512 on a GPU).
+        behind at most that much; None: chosen from the prefill step that this setup's saved
+        profile measured (`s2l profile`), else 256 on a CPU host, 512 on a GPU).
         `speculative_reserve`: KV tokens that such prefill leaves free for final contexts and
         plain requests (None: the largest seen, at most half the pool). `hold_back`: in update
         mode, the tail a refinement rewrote is prefilled only at the lowest priority, and
@@ -68,7 +69,7 @@ class StreamEngine:
         `sgl.Engine` (the embedded model and CPU defaults unless overridden)."""
         import sglang as sgl
 
-        from s2l_sglang.config import StreamConfig, attach
+        from s2l_sglang.config import StreamConfig, attach, with_measured_chunk
         from s2l_sglang.defaults import engine_kwargs as default_kwargs
 
         self.config = StreamConfig(
@@ -76,7 +77,11 @@ class StreamEngine:
             preemption=preemption,
             host_kv_tokens=host_kv_tokens,
             stream_idle_timeout=idle_timeout,
-            **({} if speculative_chunk is None else {"speculative_chunk": speculative_chunk}),
+            **(
+                {}
+                if speculative_chunk is None
+                else {"speculative_chunk": speculative_chunk, "speculative_chunk_source": "given"}
+            ),
             speculative_reserve=speculative_reserve,
             hold_back=hold_back,
             hold_back_settle=hold_back_settle,
@@ -86,6 +91,7 @@ class StreamEngine:
         kwargs = default_kwargs(**engine_kwargs)
         kwargs.setdefault("log_level", "error")  # as sgl.Engine does for keyword arguments
         server_args = sgl.Engine.server_args_class(**kwargs)
+        self.config = with_measured_chunk(self.config, server_args)
         attach(server_args, self.config)  # reaches the scheduler with SGLang's own arguments
         self.engine = sgl.Engine(server_args=server_args)
         tm = self.engine.tokenizer_manager

@@ -14,6 +14,8 @@ def test_step_fit_recovers_the_line_and_leaves_out_multi_step_lengths():
     assert fit["fixed_s"] == pytest.approx(0.060, abs=1e-4)
     assert fit["per_token_ms"] == pytest.approx(0.33, abs=1e-3)
     assert fit["break_even_tokens"] == 182
+    # 16 tokens take 65.3 ms; twice that at 213 tokens, rounded up to a multiple of 64
+    assert fit["speculative_chunk"] == 256
     assert fit["lengths"] == [16, 128, 256, 512]
 
 
