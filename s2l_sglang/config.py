@@ -277,7 +277,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> StreamConfig:
     """The config of parsed `add_arguments` flags (a ValueError if a value is invalid)."""
-    names = [f.name for f in dataclasses.fields(StreamConfig) if hasattr(args, f.name)]
+    # every field has its flag but the chunk's source, which is set here
+    names = [
+        f.name for f in dataclasses.fields(StreamConfig) if f.name != "speculative_chunk_source"
+    ]
     values = {name: getattr(args, name) for name in names}
     if values.get("speculative_chunk") is None:  # not given: the device default (or measured)
         values.pop("speculative_chunk", None)
@@ -308,10 +311,10 @@ def with_measured_chunk(config: StreamConfig, server_args: Any) -> StreamConfig:
     chunk was not given and the profile recorded its prefill step; `config` unchanged otherwise
     (the device default). One CPU default does not fit every CPU: a 256-token prefill step took
     0.14 s in bfloat16 on the AMX Xeon that 256 was measured on (the rule gives 256 there), and
-    0.87 s in float32 and 4.2 s in bfloat16 on a 2-core AMD EPYC without AVX-512 (192 and 64;
-    bench/results/README.md, "speculative_chunk from a profile"). Called where
-    the engine or server starts, before `attach`, so the scheduler and the stream manager use
-    one value."""
+    0.70-0.87 s in float32 and 3.7-4.2 s in bfloat16 on a 2-core AMD EPYC without AVX-512
+    (128-192 and 64; bench/results/README.md, "speculative_chunk from a profile"). Called
+    where the engine or server starts, before `attach`, so the scheduler and the stream
+    manager use one value."""
     if config.speculative_chunk_source != "default":
         return config
     from s2l_sglang.sched.costmodel import find_cost_model, key_of_server_args
