@@ -1,38 +1,36 @@
-"""`s2l profile` measures the prefill step on the real engine, and an engine started without a
-`speculative_chunk` takes the chunk chosen from it, in the stream manager and in the scheduler
-alike (the unit side: tests/unit/test_measured_chunk.py)."""
+"""`s2l profile` records its prefill step on the real engine, and an engine started without a
+`speculative_chunk` takes the chunk chosen from that profile, in the stream manager and in the
+scheduler alike. Runs `measured_chunk_run.py` in its own process (see there). The unit side
+(the rule, a given chunk winning, old profiles): tests/unit/test_measured_chunk.py."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import subprocess
+import sys
+from pathlib import Path
 
-from s2l_sglang.profile import run_profile
+import pytest
 
 pytestmark = pytest.mark.engine
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def test_a_profiled_step_sets_the_chunk_of_both_processes(tmp_path, monkeypatch):
-    monkeypatch.setenv("S2L_PROFILE_DIR", str(tmp_path))
-    kwargs = {"max_total_tokens": 4096}
-    model, path = run_profile(kwargs, repeats=1, max_tokens=512, log=lambda s: None)
-    assert path.parent == tmp_path
-    # the profiling engine's step, recorded: the points up to it took one step each
-    assert model.step_tokens is not None and model.step_tokens >= 512
 
-    from s2l_sglang.stream.engine import StreamEngine
-
-    eng = StreamEngine(idle_timeout=3.0, log_level="error", **kwargs)
-    try:
-        chunk = model.speculative_chunk(1, eng.engine.server_args.chunked_prefill_size)
-        assert chunk is not None and chunk % 64 == 0
-        assert eng.config.speculative_chunk_source == f"profile {path}"
-        assert eng.streams.config.speculative_chunk == chunk  # the manager's turns
-        assert eng.sched_counters()["speculative_chunk"] == chunk  # the scheduler's step cap
-    finally:
-        eng.shutdown()
-    given = StreamEngine(idle_timeout=3.0, log_level="error", speculative_chunk=96, **kwargs)
-    try:  # a chunk given wins over the profile
-        assert given.sched_counters()["speculative_chunk"] == 96
-        assert given.config.speculative_chunk_source == "given"
-    finally:
-        given.shutdown()
+def test_a_profiled_step_sets_the_chunk_of_both_processes(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.integration.measured_chunk_run", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Path(out["profile"]).parent == tmp_path
+    # the profiling engine's step, recorded: its points up to it took one step each
+    assert out["step_tokens"] is not None and out["step_tokens"] >= 512
+    assert out["chunk"] is not None and out["chunk"] % 64 == 0
+    assert out["source"] == f"profile {out['profile']}"
+    assert out["manager_chunk"] == out["chunk"]  # the manager's turns
+    assert out["scheduler_chunk"] == out["chunk"]  # the scheduler's step cap
