@@ -5,6 +5,28 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_own_process(module: str, *args: str, timeout: float = 900) -> dict:
+    """Run `python -m module args...` from the repository root and return the JSON object on
+    its last line of output (the `tests/integration/*_run.py` scenarios, which start and shut
+    down their own engines: SGLang's `Engine.shutdown()` kills every child of its process, so
+    inside the test session it would take the session's engines and servers with it)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
 
 def fresh_salt() -> str:
     """A new `cache_salt` (SGLang's prefix-cache namespace): a reference request with it reuses

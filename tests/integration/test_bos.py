@@ -8,31 +8,19 @@ same text, in append and in update mode. Runs `bos_run.py` in its own process (s
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import build_tiny_llama
+from tests.helpers import build_tiny_llama, run_own_process
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_stream_prompts_keep_the_bos_that_sglang_adds(tmp_path):
     model_dir = build_tiny_llama(tmp_path / "tiny-bos", add_bos=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.integration.bos_run", str(model_dir)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_own_process("tests.integration.bos_run", str(model_dir), timeout=600)
     assert result["bos_id"] is not None
     for case, r in result["cases"].items():
         # SGLang's tokenization has the BOS: one token more than the text's own tokens

@@ -5,28 +5,17 @@ scheduler alike. Runs `measured_chunk_run.py` in its own process (see there). Th
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.engine
+from tests.helpers import run_own_process
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.engine
 
 
 def test_a_profiled_step_sets_the_chunk_of_both_processes(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.integration.measured_chunk_run", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_own_process("tests.integration.measured_chunk_run", str(tmp_path))
     assert Path(out["profile"]).parent == tmp_path
     # the profiling engine's step, recorded: its points up to it took one step each
     assert out["step_tokens"] is not None and out["step_tokens"] >= 512
