@@ -8,14 +8,11 @@ same text, in append and in update mode. Runs `bos_run.py` in its own process (s
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.helpers import build_tiny_llama, run_own_process
 
 pytestmark = pytest.mark.engine
-
 
 
 def test_stream_prompts_keep_the_bos_that_sglang_adds(tmp_path):
