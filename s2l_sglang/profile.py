@@ -156,7 +156,7 @@ def run_profile(
     finally:
         engine.shutdown()
     model = CostModel.fit(recompute, swap, key, step_tokens)
-    log(f"  speculative_chunk {model.speculative_chunk(args.page_size or 1, step_tokens)}")
+    log(f"  speculative_chunk {model.speculative_chunk()}")
     path = ProfileStore(out_dir or user_profile_dir()).save(model)
     _add_provenance(path, repeats)
     return model, path

@@ -151,14 +151,19 @@ class CostModel:
     def choose(self, held_tokens: int) -> Choice:
         return "recompute" if self.recompute(held_tokens) <= self.swap(held_tokens) else "swap"
 
-    def speculative_chunk(self, page_size: int = 1, step_tokens: int | None = None) -> int | None:
-        """`chunk_for_step` on the recompute points that took one step, for an engine whose
-        step is `step_tokens`; None if the profile did not record its step."""
+    def speculative_chunk(
+        self, page_size: int | None = None, step_tokens: int | None = None
+    ) -> int | None:
+        """`chunk_for_step` on the recompute points that took one step, for an engine with
+        that page size and step (None: the profile's own, its key's page size and the step it
+        was measured with); None if the profile did not record its step."""
         if self.step_tokens is None:
             return None
+        if page_size is None:
+            page_size = self.key.page_size if self.key is not None else 1
         points = [(x, y) for x, y in zip(self.recompute.xs, self.recompute.ys, strict=True)]
         one_step = [(x, y) for x, y in points if x <= self.step_tokens]
-        return chunk_for_step(one_step, page_size, step_tokens)
+        return chunk_for_step(one_step, page_size, step_tokens or self.step_tokens)
 
     def to_json(self) -> str:
         return json.dumps(

@@ -12,29 +12,16 @@ request's on an idle engine (float32), and the speculative streams are all prefi
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-pytestmark = pytest.mark.engine
+from tests.helpers import run_own_process
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.integration.fairness_run"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_own_process("tests.integration.fairness_run")
 
 
 @pytest.mark.parametrize("policy", ["default", "fcfs", "lcas", "mcps"])

@@ -7,18 +7,15 @@ Each case runs `kv_pressure_run.py` in its own process (see there why)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from s2l_sglang.config import HOST_KV_BYTES
 from s2l_sglang.model import model_dir
+from tests.helpers import run_own_process
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[2]
 # Every policy, each with a preemption mode; `auto` uses the profile shipped for this setup.
 CASES = [("default", "recompute"), ("fcfs", "swap"), ("lcas", "auto"), ("mcps", "swap")]
 
@@ -33,15 +30,7 @@ def _kv_bytes_per_token() -> int:
 
 def _run_scenario(*args: str) -> dict:
     """`kv_pressure_run.py ARGS` in its own process; its JSON result."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.integration.kv_pressure_run", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_own_process("tests.integration.kv_pressure_run", *args)
 
 
 @pytest.mark.parametrize("policy, preemption", CASES, ids=[f"{p}-{m}" for p, m in CASES])
